@@ -1,0 +1,257 @@
+"""Every config of the library: frozen, keyword-only dataclasses validated on construction.
+
+Library code takes these dataclasses; only the command line parses flags or files,
+converting at one boundary. A bad value raises ``ValueError`` naming the field,
+the value and what would work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _fail(config: object, field: str, value: Any, fix: str) -> None:
+  raise ValueError(f"{type(config).__name__}.{field}={value!r}: {fix}")
+
+
+def _check_positive(config: object, *fields: str) -> None:
+  for field in fields:
+    value = getattr(config, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      _fail(config, field, value, "must be a positive integer")
+
+
+def _check_rate(config: object, *fields: str) -> None:
+  for field in fields:
+    value = getattr(config, field)
+    if not 0.0 <= value < 1.0:
+      _fail(config, field, value, "must be a probability in [0, 1)")
+
+
+def _check_choice(config: object, field: str, choices: tuple[str, ...]) -> None:
+  value = getattr(config, field)
+  if value not in choices:
+    _fail(config, field, value, f"must be one of {', '.join(map(repr, choices))}")
+
+
+def compute_dtype(name: str) -> Any:
+  """Maps a config's dtype name ('float32', 'bfloat16', 'float16') to a jnp dtype."""
+  return _DTYPES[name]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+  """The Transformer of Vaswani et al. 2017; the defaults are the paper's base model."""
+
+  vocab_size: int  # joint source/target vocabulary, PAD/BOS/EOS/UNK included
+  model_dim: int = 512  # D, width of every residual stream
+  num_heads: int = 8  # H; model_dim must be a multiple of it
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  mlp_dim: int = 2048  # F, hidden width of the position-wise feed-forward layers
+  dropout_rate: float = 0.1  # on embeddings, sublayer outputs and the FFN hidden layer
+  attention_dropout_rate: float = 0.0  # on attention weights
+  max_len: int = 256  # rows of the position table: longest source or target the model accepts
+  positions: str = "sinusoidal"  # "sinusoidal" (fixed) or "learned"
+  norm: str = "post"  # "post": x = LN(x + f(x)) as in the paper; "pre": x = x + f(LN(x))
+  share_embeddings: bool = True  # one token table for encoder and decoder (joint vocabulary)
+  tie_output: bool = True  # output projection reuses the decoder's token table
+  dtype: str = "float32"  # compute dtype; parameters stay float32
+  attention_impl: str = "einsum"  # "einsum" (ours), or jax.nn.dot_product_attention's "xla" / "cudnn"
+
+  def __post_init__(self):
+    _check_positive(self, "vocab_size", "model_dim", "num_heads", "num_encoder_layers",
+                    "num_decoder_layers", "mlp_dim", "max_len")
+    if self.model_dim % self.num_heads:
+      _fail(self, "model_dim", self.model_dim,
+            f"must be divisible by num_heads={self.num_heads} "
+            f"({self.model_dim} % {self.num_heads} = {self.model_dim % self.num_heads})")
+    _check_rate(self, "dropout_rate", "attention_dropout_rate")
+    _check_choice(self, "positions", ("sinusoidal", "learned"))
+    _check_choice(self, "norm", ("post", "pre"))
+    _check_choice(self, "dtype", tuple(_DTYPES))
+    _check_choice(self, "attention_impl", ("einsum", "xla", "cudnn"))
+    if self.positions == "sinusoidal" and self.model_dim % 2:
+      _fail(self, "model_dim", self.model_dim, "sinusoidal positions need an even model_dim")
+
+  @property
+  def head_dim(self) -> int:
+    return self.model_dim // self.num_heads
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RNNConfig:
+  """Recurrent encoder-decoder (Sutskever 2014, Cho 2014), optionally with attention."""
+
+  vocab_size: int  # joint source/target vocabulary
+  cell: str = "lstm"  # "lstm", "gru" or "simple" (Elman tanh RNN)
+  embed_dim: int = 256
+  hidden_dim: int = 512  # state width of each direction of each layer
+  num_encoder_layers: int = 1
+  num_decoder_layers: int = 1
+  bidirectional: bool = False  # encoder reads both ways; states concatenated (2 * hidden_dim)
+  reverse_source: bool = False  # read the real tokens of each source row reversed (Sutskever)
+  attention: str = "none"  # "none" (thought vector), "additive" (Bahdanau), "dot", "general" (Luong)
+  attention_dim: int = 0  # additive attention's hidden width; 0 means hidden_dim
+  input_feeding: bool = False  # Luong: feed the previous attentional vector to the next step
+  dropout_rate: float = 0.1
+  share_embeddings: bool = True  # one token table for encoder and decoder
+  tie_output: bool = False  # output projection reuses the decoder's token table
+  max_len: int = 512  # longest source or target the model accepts
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    _check_positive(self, "vocab_size", "embed_dim", "hidden_dim", "num_encoder_layers",
+                    "num_decoder_layers", "max_len")
+    _check_choice(self, "cell", ("lstm", "gru", "simple"))
+    _check_choice(self, "attention", ("none", "additive", "dot", "general"))
+    _check_choice(self, "dtype", tuple(_DTYPES))
+    _check_rate(self, "dropout_rate")
+    if self.attention_dim < 0:
+      _fail(self, "attention_dim", self.attention_dim, "must be >= 0 (0 means hidden_dim)")
+    if self.input_feeding and self.attention == "none":
+      _fail(self, "input_feeding", self.input_feeding,
+            "input feeding needs attention; set attention to 'additive', 'dot' or 'general'")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecomposableAttentionConfig:
+  """Decomposable attention for sentence pairs (Parikh et al. 2016)."""
+
+  vocab_size: int
+  embed_dim: int = 128
+  hidden_dim: int = 200  # width of the attend / compare / aggregate feed-forward networks
+  num_classes: int = 2
+  intra_attention: bool = False  # the paper's optional intra-sentence attention
+  dropout_rate: float = 0.2
+  max_len: int = 256
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    _check_positive(self, "vocab_size", "embed_dim", "hidden_dim", "num_classes", "max_len")
+    _check_rate(self, "dropout_rate")
+    _check_choice(self, "dtype", tuple(_DTYPES))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+  """How ``generate`` searches: greedy, beam or sampling."""
+
+  method: str = "greedy"  # "greedy", "beam" or "sample"
+  beam_size: int = 4
+  alpha: float = 0.6  # GNMT length penalty exponent: ((5 + len) / 6) ** alpha
+  max_decode_len: int = 0  # fixed output length limit; 0 means use the ratio below
+  max_decode_len_ratio: float = 1.5  # limit = ceil(ratio * padded source length) + 10
+  temperature: float = 1.0  # sampling only
+  top_k: int = 0  # sampling only; 0 = off
+  top_p: float = 1.0  # sampling only; 1.0 = off
+  seed: int = 0  # sampling rng seed
+
+  def __post_init__(self):
+    _check_choice(self, "method", ("greedy", "beam", "sample"))
+    _check_positive(self, "beam_size")
+    if self.alpha < 0:
+      _fail(self, "alpha", self.alpha, "must be >= 0")
+    if self.max_decode_len < 0:
+      _fail(self, "max_decode_len", self.max_decode_len, "must be >= 0 (0 means use the ratio)")
+    if self.max_decode_len_ratio <= 0:
+      _fail(self, "max_decode_len_ratio", self.max_decode_len_ratio, "must be > 0")
+    if self.temperature < 0:
+      _fail(self, "temperature", self.temperature, "must be >= 0 (0 means greedy)")
+    if self.top_k < 0:
+      _fail(self, "top_k", self.top_k, "must be >= 0 (0 means off)")
+    if not 0.0 < self.top_p <= 1.0:
+      _fail(self, "top_p", self.top_p, "must be in (0, 1]")
+
+  def decode_len(self, source_len: int) -> int:
+    """The output length limit for sources padded to ``source_len``."""
+    if self.max_decode_len:
+      return self.max_decode_len
+    return int(-(-self.max_decode_len_ratio * source_len // 1)) + 10
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+  """Which corpus, how it is tokenized, filtered, bucketed and batched."""
+
+  dataset: str = "multi30k"  # "multi30k", "parallel_text" or "tfds:NAME"
+  manual_dir: str = ""  # local copy of the corpus (multi30k raw files, or the user's own files)
+  data_dir: str = ""  # where prepared tfds data lives; "" = ~/.cache/seq2seq_jax/tfds
+  source_lang: str = "de"
+  target_lang: str = "en"
+  train_split: str = "train"
+  eval_split: str = "val"
+  vocab_size: int = 8000  # sentencepiece joint vocabulary size (ids 0-3 are PAD/BOS/EOS/UNK)
+  max_source_len: int = 64  # tokens, EOS included
+  max_target_len: int = 64  # tokens, EOS included
+  too_long: str = "filter"  # training pairs over the limits: "filter" (drop, counted) or "truncate"
+  batch_tokens: int = 4096  # global token budget of a training batch (padded rows * length)
+  batch_multiple: int = 8  # every batch's row count is a multiple of this (device count)
+  bucket_lengths: tuple[int, ...] = (8, 16, 24, 32, 48, 64)  # padded lengths that batches take
+  eval_batch_size: int = 64  # rows of an evaluation batch; a multiple of batch_multiple
+  shuffle_seed: int = 0
+
+  def __post_init__(self):
+    _check_positive(self, "vocab_size", "max_source_len", "max_target_len", "batch_tokens",
+                    "batch_multiple", "eval_batch_size")
+    if self.vocab_size <= 4:
+      _fail(self, "vocab_size", self.vocab_size, "must exceed the 4 reserved ids PAD/BOS/EOS/UNK")
+    _check_choice(self, "too_long", ("filter", "truncate"))
+    if self.source_lang == self.target_lang:
+      _fail(self, "target_lang", self.target_lang, "must differ from source_lang")
+    if not self.bucket_lengths or list(self.bucket_lengths) != sorted(set(self.bucket_lengths)):
+      _fail(self, "bucket_lengths", self.bucket_lengths, "must be strictly increasing and non-empty")
+    if self.bucket_lengths[-1] < max(self.max_source_len, self.max_target_len):
+      _fail(self, "bucket_lengths", self.bucket_lengths,
+            f"the largest bucket must be >= max_source_len={self.max_source_len} "
+            f"and max_target_len={self.max_target_len}")
+    if self.eval_batch_size % self.batch_multiple:
+      _fail(self, "eval_batch_size", self.eval_batch_size,
+            f"must be a multiple of batch_multiple={self.batch_multiple}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """Optimisation, evaluation cadence, checkpoints and parallelism of a training run."""
+
+  num_steps: int = 10_000  # optimizer updates
+  learning_rate: float = 1e-3  # peak learning rate
+  schedule: str = "rsqrt"  # "rsqrt" (inverse square root after linear warmup), "cosine", "constant"
+  warmup_steps: int = 1000
+  label_smoothing: float = 0.1
+  weight_decay: float = 0.0  # AdamW decoupled decay, never on biases, norms or embeddings
+  adam_b1: float = 0.9
+  adam_b2: float = 0.98
+  adam_eps: float = 1e-9
+  clip_norm: float = 1.0  # global-norm gradient clipping; 0 = off
+  grad_accum_steps: int = 1  # microbatches per update
+  compute_dtype: str = "float32"  # "bfloat16" computes in bf16 with float32 parameters
+  seed: int = 0
+  log_every: int = 50
+  eval_every: int = 1000  # validation loss and BLEU every N steps; 0 = only at the end
+  eval_bleu_sentences: int = 0  # validation sentences decoded for BLEU; 0 = all
+  checkpoint_every: int = 1000
+  keep_checkpoints: int = 2  # latest N kept beside the best by validation BLEU
+  parameter_sharding: str = "replicated"  # "replicated" or "fsdp" (shard along the data axis)
+  model_parallelism: int = 1  # size of the mesh's "model" axis (tensor parallelism)
+
+  def __post_init__(self):
+    _check_positive(self, "num_steps", "grad_accum_steps", "log_every", "checkpoint_every",
+                    "keep_checkpoints", "model_parallelism")
+    if self.learning_rate <= 0:
+      _fail(self, "learning_rate", self.learning_rate, "must be > 0")
+    _check_choice(self, "schedule", ("rsqrt", "cosine", "constant"))
+    if self.warmup_steps < 0:
+      _fail(self, "warmup_steps", self.warmup_steps, "must be >= 0")
+    _check_rate(self, "label_smoothing")
+    if self.clip_norm < 0:
+      _fail(self, "clip_norm", self.clip_norm, "must be >= 0 (0 means off)")
+    _check_choice(self, "compute_dtype", tuple(_DTYPES))
+    _check_choice(self, "parameter_sharding", ("replicated", "fsdp"))
+    if self.eval_every < 0:
+      _fail(self, "eval_every", self.eval_every, "must be >= 0 (0 means only at the end)")

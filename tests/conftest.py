@@ -1,0 +1,43 @@
+"""Test setup: 8 host CPU devices, strict rank promotion, a persistent compilation cache."""
+
+import os
+import pathlib
+
+# Must happen before jax is imported anywhere: the device count is fixed at start-up.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_compilation_cache_dir",
+                  os.environ.get("JAX_COMPILATION_CACHE_DIR", str(REPO_ROOT / ".cache" / "jax")))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def shared_data(*parts: str) -> pathlib.Path:
+  """A path under ../shared/data; skips locally when absent, fails loudly under CI=true."""
+  path = SHARED_DATA.joinpath(*parts)
+  if not path.exists():
+    message = (f"{path} is missing: the tests expect the shared corpora beside the checkout "
+               "(../shared/data, see its README)")
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+      pytest.fail(message)
+    pytest.skip(message)
+  return path
+
+
+@pytest.fixture
+def multi30k_tiny() -> pathlib.Path:
+  return shared_data("multi30k_tiny")
+
+
+@pytest.fixture
+def multi30k_raw() -> pathlib.Path:
+  return shared_data("multi30k", "raw")
