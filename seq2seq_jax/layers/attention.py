@@ -180,27 +180,40 @@ class MultiHeadAttention(nn.Module):
     return self.attend(inputs_q_BTD, k_BSHK, v_BSHK, mask, deterministic=deterministic,
                        return_weights=return_weights)
 
-  def step(self, inputs_q_B1D: Array, cache_k_BTHK: Array, cache_v_BTHK: Array, index: Array,
-           extra_mask: Array | None = None) -> tuple[Array, Array, Array]:
+  def step(self, inputs_q_B1D: Array, cache_k: Array, cache_v: Array, index: Array, *,
+           layer: int | None = None, extra_mask: Array | None = None
+           ) -> tuple[Array, Array, Array]:
     """Causal self attention for one new position, written into the cache at ``index``.
 
     Args:
       inputs_q_B1D: the new position's input.
-      cache_k_BTHK: keys of positions < index (later rows are ignored).
-      cache_v_BTHK: values, likewise.
+      cache_k: keys ``[B, T, H, K]``, or ``[B, L, T, H, K]`` stacked over layers
+        when ``layer`` is given; rows at positions >= index are ignored.
+      cache_v: values, shaped like ``cache_k``.
       index: int32 scalar, the position being decoded.
+      layer: which slice of a stacked cache is this layer's. Writing into the
+        stacked buffer in place avoids copying a whole layer's cache per step.
       extra_mask: optional bool mask ``[B, 1, 1, T]`` ANDed with the causal one.
 
     Returns:
-      ``(out_B1D, cache_k_BTHK, cache_v_BTHK)`` with position ``index`` filled in.
+      ``(out_B1D, cache_k, cache_v)`` with position ``index`` filled in.
     """
     k_B1HK, v_B1HK = self.project_kv(inputs_q_B1D)
     zero = jnp.zeros((), index.dtype)
-    start = (zero, index, zero, zero)
-    cache_k_BTHK = jax.lax.dynamic_update_slice(cache_k_BTHK, k_B1HK.astype(cache_k_BTHK.dtype), start)
-    cache_v_BTHK = jax.lax.dynamic_update_slice(cache_v_BTHK, v_B1HK.astype(cache_v_BTHK.dtype), start)
-    length = cache_k_BTHK.shape[1]
+    if layer is None:
+      start = (zero, index, zero, zero)
+      new_k, new_v = k_B1HK, v_B1HK
+    else:
+      start = (zero, jnp.asarray(layer, index.dtype), index, zero, zero)
+      new_k, new_v = k_B1HK[:, None], v_B1HK[:, None]
+    # dynamic_update_slice clamps an out-of-range index instead of failing; the
+    # models guard against that by poisoning the logits of such a step with NaN.
+    cache_k = jax.lax.dynamic_update_slice(cache_k, new_k.astype(cache_k.dtype), start)
+    cache_v = jax.lax.dynamic_update_slice(cache_v, new_v.astype(cache_v.dtype), start)
+    k_BTHK = cache_k if layer is None else cache_k[:, layer]
+    v_BTHK = cache_v if layer is None else cache_v[:, layer]
+    length = k_BTHK.shape[1]
     mask_111T = (jnp.arange(length) <= index)[None, None, None, :]
     mask = combine_masks(mask_111T, extra_mask)
-    out_B1D = self.attend(inputs_q_B1D, cache_k_BTHK, cache_v_BTHK, mask)
-    return out_B1D, cache_k_BTHK, cache_v_BTHK
+    out_B1D = self.attend(inputs_q_B1D, k_BTHK, v_BTHK, mask)
+    return out_B1D, cache_k, cache_v
