@@ -10,6 +10,9 @@ from seq2seq_jax.configs import DecomposableAttentionConfig as DecomposableAtten
 from seq2seq_jax.configs import RNNConfig as RNNConfig
 from seq2seq_jax.configs import TrainConfig as TrainConfig
 from seq2seq_jax.configs import TransformerConfig as TransformerConfig
+from seq2seq_jax.models.base import shift_right as shift_right
+from seq2seq_jax.models.registry import build_model as build_model
+from seq2seq_jax.models.transformer import Transformer as Transformer
 
 __version__ = "0.1.0"
 
@@ -21,4 +24,7 @@ __all__ = [
     "RNNConfig",
     "TrainConfig",
     "TransformerConfig",
+    "Transformer",
+    "build_model",
+    "shift_right",
 ]

@@ -1,0 +1,274 @@
+"""The Transformer of Vaswani et al. 2017 ("Attention is all you need").
+
+Encoder: token embedding * sqrt(D) + positions, then N layers of self attention
+and a position-wise feed-forward layer, each wrapped in dropout, a residual and
+LayerNorm (after the residual for ``norm="post"``, the paper; before the
+sublayer for ``norm="pre"``, plus a final LayerNorm). Decoder: the same with
+causal self attention and cross attention to the encoder's output.
+
+Example:
+  >>> config = TransformerConfig(vocab_size=100, model_dim=32, num_heads=4, mlp_dim=64,
+  ...                            num_encoder_layers=2, num_decoder_layers=2)
+  >>> model = Transformer(config)
+  >>> inputs, targets = jnp.ones((2, 7), jnp.int32), jnp.ones((2, 5), jnp.int32)
+  >>> params = model.init(jax.random.key(0), inputs, targets)["params"]
+  >>> model.apply({"params": params}, inputs, targets).shape
+  (2, 5, 100)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seq2seq_jax.configs import TransformerConfig, compute_dtype
+from seq2seq_jax.layers.attention import MultiHeadAttention, make_causal_mask, make_padding_mask
+from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
+from seq2seq_jax.layers.feedforward import FeedForward
+from seq2seq_jax.models.base import check_decode_len, shift_right
+from seq2seq_jax.types import PAD_ID, Array, PyTree
+
+
+def _attention(config: TransformerConfig, name: str) -> MultiHeadAttention:
+  return MultiHeadAttention(
+      num_heads=config.num_heads, head_dim=config.head_dim, out_dim=config.model_dim,
+      dropout_rate=config.attention_dropout_rate, dtype=compute_dtype(config.dtype),
+      implementation=config.attention_impl, name=name)
+
+
+class _Residual(nn.Module):
+  """``x + dropout(f(x))`` with LayerNorm after (post-LN) or before the sublayer (pre-LN)."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    self.norm = nn.LayerNorm(dtype=compute_dtype(self.config.dtype))
+    self.dropout = nn.Dropout(self.config.dropout_rate)
+
+  def before(self, x_BTD: Array) -> Array:
+    """The sublayer's input."""
+    return self.norm(x_BTD) if self.config.norm == "pre" else x_BTD
+
+  def after(self, x_BTD: Array, h_BTD: Array, deterministic: bool) -> Array:
+    """Adds the sublayer's output back into the residual stream."""
+    x_BTD = x_BTD + self.dropout(h_BTD, deterministic=deterministic)
+    return self.norm(x_BTD) if self.config.norm == "post" else x_BTD
+
+
+class EncoderLayer(nn.Module):
+  """Self attention, then the feed-forward layer."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    c = self.config
+    self.self_attention = _attention(c, "self_attention")
+    self.feed_forward = FeedForward(c.mlp_dim, c.model_dim, c.dropout_rate,
+                                    dtype=compute_dtype(c.dtype))
+    self.attention_residual = _Residual(c)
+    self.feed_forward_residual = _Residual(c)
+
+  def __call__(self, x_BSD: Array, mask_B11S: Array, *, deterministic: bool):
+    """Returns ``(x_BSD, weights_BHSS)``."""
+    h_BSD = self.attention_residual.before(x_BSD)
+    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B11S, deterministic=deterministic,
+                                              return_weights=True)
+    x_BSD = self.attention_residual.after(x_BSD, h_BSD, deterministic)
+    h_BSD = self.feed_forward(self.feed_forward_residual.before(x_BSD), deterministic=deterministic)
+    return self.feed_forward_residual.after(x_BSD, h_BSD, deterministic), weights_BHSS
+
+
+class DecoderLayer(nn.Module):
+  """Causal self attention, cross attention to the encoder, then the feed-forward layer."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    c = self.config
+    self.self_attention = _attention(c, "self_attention")
+    self.cross_attention = _attention(c, "cross_attention")
+    self.feed_forward = FeedForward(c.mlp_dim, c.model_dim, c.dropout_rate,
+                                    dtype=compute_dtype(c.dtype))
+    self.self_residual = _Residual(c)
+    self.cross_residual = _Residual(c)
+    self.feed_forward_residual = _Residual(c)
+
+  def cross_kv(self, encoded_BSD: Array) -> tuple[Array, Array]:
+    """This layer's cross-attention keys and values ``[B, S, H, K]``."""
+    return self.cross_attention.project_kv(encoded_BSD)
+
+  def _cross_and_feed_forward(self, y_BTD, cross_k_BSHK, cross_v_BSHK, cross_mask_B11S,
+                              deterministic):
+    h_BTD = self.cross_residual.before(y_BTD)
+    h_BTD, cross_BHTS = self.cross_attention.attend(
+        h_BTD, cross_k_BSHK, cross_v_BSHK, cross_mask_B11S, deterministic=deterministic,
+        return_weights=True)
+    y_BTD = self.cross_residual.after(y_BTD, h_BTD, deterministic)
+    h_BTD = self.feed_forward(self.feed_forward_residual.before(y_BTD), deterministic=deterministic)
+    return self.feed_forward_residual.after(y_BTD, h_BTD, deterministic), cross_BHTS
+
+  def __call__(self, y_BTD: Array, causal_B1TT: Array, cross_k_BSHK: Array, cross_v_BSHK: Array,
+               cross_mask_B11S: Array, *, deterministic: bool):
+    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``."""
+    h_BTD = self.self_residual.before(y_BTD)
+    h_BTD, self_BHTT = self.self_attention(h_BTD, h_BTD, causal_B1TT, deterministic=deterministic,
+                                           return_weights=True)
+    y_BTD = self.self_residual.after(y_BTD, h_BTD, deterministic)
+    y_BTD, cross_BHTS = self._cross_and_feed_forward(y_BTD, cross_k_BSHK, cross_v_BSHK,
+                                                     cross_mask_B11S, deterministic)
+    return y_BTD, self_BHTT, cross_BHTS
+
+  def step(self, y_B1D: Array, cache_k: Array, cache_v: Array, index: Array, layer: int,
+           cross_k_BSHK: Array, cross_v_BSHK: Array, cross_mask_B11S: Array):
+    """One decoding position; ``cache_k`` / ``cache_v`` are stacked ``[B, L, T, H, K]``."""
+    h_B1D = self.self_residual.before(y_B1D)
+    h_B1D, cache_k, cache_v = self.self_attention.step(h_B1D, cache_k, cache_v, index, layer=layer)
+    y_B1D = self.self_residual.after(y_B1D, h_B1D, True)
+    y_B1D, _ = self._cross_and_feed_forward(y_B1D, cross_k_BSHK, cross_v_BSHK, cross_mask_B11S,
+                                            True)
+    return y_B1D, cache_k, cache_v
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer with the model contract of DESIGN.md.
+
+  Memory (from ``encode``) is a dict of arrays with a leading batch axis:
+  ``encoded`` [B, S, D], ``source_valid`` [B, S] bool, and each decoder layer's
+  cross-attention keys and values ``cross_key`` / ``cross_value`` [B, L, S, H, K],
+  computed once per source rather than once per decoding step. The cache (from
+  ``init_cache``) holds ``index`` (int32 scalar, the next position) and the self
+  attention keys and values ``self_key`` / ``self_value`` [B, L, T, H, K].
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    c = self.config
+    dtype = compute_dtype(c.dtype)
+    self.source_embedding = TokenEmbedding(c.vocab_size, c.model_dim, dtype=dtype)
+    self.target_embedding = (self.source_embedding if c.share_embeddings else
+                             TokenEmbedding(c.vocab_size, c.model_dim, dtype=dtype))
+    self.source_positions = PositionEmbedding(c.max_len, c.model_dim, c.positions, dtype=dtype)
+    self.target_positions = PositionEmbedding(c.max_len, c.model_dim, c.positions, dtype=dtype)
+    self.dropout = nn.Dropout(c.dropout_rate)
+    self.encoder_layers = [EncoderLayer(c) for _ in range(c.num_encoder_layers)]
+    self.decoder_layers = [DecoderLayer(c) for _ in range(c.num_decoder_layers)]
+    if c.norm == "pre":
+      self.encoder_norm = nn.LayerNorm(dtype=dtype)
+      self.decoder_norm = nn.LayerNorm(dtype=dtype)
+    if not c.tie_output:
+      self.output_projection = nn.Dense(c.vocab_size, dtype=dtype, name="output_projection")
+
+  def _check_tokens(self, tokens: Array, what: str) -> None:
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f"{what} must be integer token ids [batch, length]; got "
+                       f"{tokens.dtype} {tokens.shape}")
+    if tokens.shape[1] > self.config.max_len:
+      raise ValueError(f"{what} has length {tokens.shape[1]} > TransformerConfig.max_len="
+                       f"{self.config.max_len}; truncate it or raise max_len")
+
+  def encode(self, inputs_BS: Array, *, deterministic: bool = True,
+             return_attention: bool = False):
+    """Encodes source ids (PAD = 0) into the memory dict (see the class docstring).
+
+    With ``return_attention`` returns ``(memory, weights_LBHSS)``.
+    """
+    self._check_tokens(inputs_BS, "inputs")
+    mask_B11S = make_padding_mask(inputs_BS)
+    x_BSD = self.source_positions(self.source_embedding(inputs_BS))
+    x_BSD = self.dropout(x_BSD, deterministic=deterministic)
+    weights = []
+    for layer in self.encoder_layers:
+      x_BSD, weights_BHSS = layer(x_BSD, mask_B11S, deterministic=deterministic)
+      weights.append(weights_BHSS)
+    if self.config.norm == "pre":
+      x_BSD = self.encoder_norm(x_BSD)
+    keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
+    memory = {"encoded": x_BSD, "source_valid": inputs_BS != PAD_ID,
+              "cross_key": jnp.stack(keys, axis=1), "cross_value": jnp.stack(values, axis=1)}
+    if return_attention:
+      return memory, jnp.stack(weights)
+    return memory
+
+  def _logits(self, y_BTD: Array) -> Array:
+    if self.config.norm == "pre":
+      y_BTD = self.decoder_norm(y_BTD)
+    if self.config.tie_output:
+      return self.target_embedding.attend(y_BTD)
+    return self.output_projection(y_BTD).astype(jnp.float32)
+
+  def decode(self, memory: PyTree, targets_BT: Array, *, deterministic: bool = True,
+             return_attention: bool = False):
+    """Teacher-forced decoding: float32 logits ``[B, T, V]`` predicting ``targets_BT``.
+
+    The decoder reads ``shift_right(targets_BT)`` (BOS in front). With
+    ``return_attention`` returns ``(logits, {"decoder_self": [L, B, H, T, T],
+    "cross": [L, B, H, T, S]})``.
+    """
+    self._check_tokens(targets_BT, "targets")
+    decoder_inputs_BT = shift_right(targets_BT)
+    causal_B1TT = make_causal_mask(decoder_inputs_BT)
+    cross_mask_B11S = memory["source_valid"][:, None, None, :]
+    y_BTD = self.target_positions(self.target_embedding(decoder_inputs_BT))
+    y_BTD = self.dropout(y_BTD, deterministic=deterministic)
+    self_weights, cross_weights = [], []
+    for i, layer in enumerate(self.decoder_layers):
+      y_BTD, self_BHTT, cross_BHTS = layer(
+          y_BTD, causal_B1TT, memory["cross_key"][:, i], memory["cross_value"][:, i],
+          cross_mask_B11S, deterministic=deterministic)
+      self_weights.append(self_BHTT)
+      cross_weights.append(cross_BHTS)
+    logits_BTV = self._logits(y_BTD)
+    if return_attention:
+      return logits_BTV, {"decoder_self": jnp.stack(self_weights),
+                          "cross": jnp.stack(cross_weights)}
+    return logits_BTV
+
+  def __call__(self, inputs_BS: Array, targets_BT: Array, *, deterministic: bool = True,
+               return_attention: bool = False):
+    """``decode(encode(inputs), targets)``: logits [B, T, V], or ``(logits, attention)``.
+
+    ``attention`` is ``{"encoder_self": [L, B, H, S, S], "decoder_self": [L, B, H, T, T],
+    "cross": [L, B, H, T, S]}``.
+    """
+    if not return_attention:
+      memory = self.encode(inputs_BS, deterministic=deterministic)
+      return self.decode(memory, targets_BT, deterministic=deterministic)
+    memory, encoder_self = self.encode(inputs_BS, deterministic=deterministic,
+                                       return_attention=True)
+    logits_BTV, attention = self.decode(memory, targets_BT, deterministic=deterministic,
+                                        return_attention=True)
+    return logits_BTV, {"encoder_self": encoder_self, **attention}
+
+  def init_cache(self, memory: PyTree, max_decode_len: int) -> dict[str, Any]:
+    """An empty self-attention cache for up to ``max_decode_len`` decoding steps."""
+    check_decode_len(max_decode_len, self.config.max_len, "TransformerConfig")
+    batch = memory["encoded"].shape[0]
+    c = self.config
+    shape = (batch, c.num_decoder_layers, max_decode_len, c.num_heads, c.head_dim)
+    dtype = compute_dtype(c.dtype)
+    return {"index": jnp.zeros((), jnp.int32),
+            "self_key": jnp.zeros(shape, dtype), "self_value": jnp.zeros(shape, dtype)}
+
+  def decode_step(self, memory: PyTree, tokens_B: Array, cache: dict[str, Any]):
+    """Decodes one position: ``tokens_B`` is the previous token (BOS at the start).
+
+    Returns ``(logits_BV, cache)`` with the cache advanced by one position. A
+    step past the cache's length returns NaN logits rather than silently
+    overwriting the last cached position.
+    """
+    index = cache["index"]
+    cache_k, cache_v = cache["self_key"], cache["self_value"]
+    y_B1D = self.target_embedding(tokens_B[:, None])
+    y_B1D = self.target_positions(y_B1D, offset=index)
+    cross_mask_B11S = memory["source_valid"][:, None, None, :]
+    for i, layer in enumerate(self.decoder_layers):
+      y_B1D, cache_k, cache_v = layer.step(y_B1D, cache_k, cache_v, index, i,
+                                           memory["cross_key"][:, i], memory["cross_value"][:, i],
+                                           cross_mask_B11S)
+    logits_BV = self._logits(y_B1D)[:, 0]
+    logits_BV = jnp.where(index < cache_k.shape[2], logits_BV, jnp.nan)
+    return logits_BV, {"index": index + 1, "self_key": cache_k, "self_value": cache_v}

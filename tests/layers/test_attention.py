@@ -1,0 +1,153 @@
+"""Scaled dot-product attention against a float64 NumPy reference; masks; the cached step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seq2seq_jax.layers import attention
+from seq2seq_jax.types import NEG_INF
+
+B, T, S, H, K = 2, 3, 5, 4, 6  # pairwise distinct, so a swapped axis cannot pass
+
+
+def reference_attention(q, k, v, mask):
+  """softmax(Q K^T / sqrt(K) + mask) V in float64, written independently of the library."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  scores = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+  if mask is not None:
+    scores = np.where(np.asarray(mask), scores, NEG_INF)
+  scores = scores - scores.max(-1, keepdims=True)
+  weights = np.exp(scores)
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum("bhts,bshk->bthk", weights, v), weights
+
+
+def random_qkv(seed, queries=T, keys=S):
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(rng.standard_normal(shape), jnp.float32)
+               for shape in ((B, queries, H, K), (B, keys, H, K), (B, keys, H, K)))
+
+
+def _masks():
+  keys_BS = jnp.array([[4, 5, 6, 0, 0], [7, 8, 9, 10, 11]])
+  queries_BT = jnp.array([[4, 5, 0], [6, 7, 8]])
+  square_BT = jnp.array([[4, 5, 6, 7, 0], [4, 5, 6, 7, 8]])
+  padding = attention.make_padding_mask(keys_BS)
+  return {
+      "none": (None, T, S),
+      "padding": (padding, T, S),
+      "padding_with_queries": (attention.make_padding_mask(keys_BS, queries_BT), T, S),
+      "causal": (attention.make_causal_mask(square_BT), S, S),
+      "combined": (attention.combine_masks(attention.make_causal_mask(square_BT),
+                                           attention.make_padding_mask(square_BT)), S, S),
+  }
+
+
+@pytest.mark.parametrize("kind", ["none", "padding", "padding_with_queries", "causal", "combined"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_float64_reference(kind, seed):
+  mask, queries, keys = _masks()[kind]
+  q, k, v = random_qkv(seed, queries, keys)
+  out, weights = attention.dot_product_attention(q, k, v, mask, return_weights=True)
+  want_out, want_weights = reference_attention(q, k, v, mask)
+  assert out.shape == (B, queries, H, K) and weights.shape == (B, H, queries, keys)
+  np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(weights, want_weights, rtol=1e-5, atol=1e-6)
+  if mask is not None:  # masked positions get exactly zero weight unless the row is all masked
+    full = np.broadcast_to(np.asarray(mask), weights.shape)
+    live_rows = full.any(-1, keepdims=True)
+    assert np.all(np.asarray(weights)[~full & np.broadcast_to(live_rows, full.shape)] == 0)
+
+
+def test_fully_masked_row_is_uniform_not_nan():
+  q, k, v = random_qkv(3)
+  mask = jnp.zeros((B, 1, T, S), bool)
+  _, weights = attention.dot_product_attention(q, k, v, mask, return_weights=True)
+  np.testing.assert_allclose(weights, np.full((B, H, T, S), 1 / S), rtol=1e-6)
+
+
+def test_masks_shapes_and_values():
+  tokens = jnp.array([[3, 4, 0], [5, 0, 0]])
+  np.testing.assert_array_equal(attention.make_padding_mask(tokens)[:, 0, 0],
+                                [[True, True, False], [True, False, False]])
+  causal = attention.make_causal_mask(tokens)
+  assert causal.shape == (2, 1, 3, 3)
+  np.testing.assert_array_equal(causal[1, 0], np.tril(np.ones((3, 3), bool)))
+  assert attention.combine_masks(None, None) is None
+  with pytest.raises(ValueError, match=r"\[B, H, T, S\]"):
+    attention.combine_masks(jnp.ones((3, 3), bool))
+
+
+def test_bad_mask_and_shapes_are_named():
+  q, k, v = random_qkv(0)
+  with pytest.raises(ValueError, match="axis S has size 4"):
+    attention.dot_product_attention(q, k, v, jnp.ones((B, 1, T, 4), bool))
+  with pytest.raises(ValueError, match="bool"):
+    attention.dot_product_attention(q, k, v, jnp.ones((B, 1, T, S), jnp.float32))
+  with pytest.raises(ValueError, match="shapes do not line up"):
+    attention.dot_product_attention(q, k[:, :, :2], v[:, :, :2])
+  with pytest.raises(ValueError, match="implementation"):
+    attention.dot_product_attention(q, k, v, implementation="flash")
+
+
+def test_dropout_needs_rng_and_drops_weights():
+  q, k, v = random_qkv(0)
+  with pytest.raises(ValueError, match="dropout_rng"):
+    attention.dot_product_attention(q, k, v, dropout_rate=0.5, deterministic=False)
+  out_a = attention.dot_product_attention(q, k, v, dropout_rng=jax.random.key(0),
+                                          dropout_rate=0.5, deterministic=False)
+  out_b = attention.dot_product_attention(q, k, v, dropout_rng=jax.random.key(0),
+                                          dropout_rate=0.5, deterministic=False)
+  plain = attention.dot_product_attention(q, k, v)
+  np.testing.assert_array_equal(out_a, out_b)
+  assert not np.allclose(out_a, plain)
+  # deterministic=True ignores the rate
+  np.testing.assert_array_equal(
+      attention.dot_product_attention(q, k, v, dropout_rate=0.5, deterministic=True), plain)
+
+
+def test_jax_nn_route_agrees_with_einsums():
+  mask, _, _ = _masks()["padding"]
+  q, k, v = random_qkv(4)
+  ours = attention.dot_product_attention(q, k, v, mask)
+  fused = attention.dot_product_attention(q, k, v, mask, implementation="xla")
+  np.testing.assert_allclose(fused, ours, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_route_agrees_with_einsums():
+  mask, _, _ = _masks()["padding"]
+  q, k, v = (a.astype(jnp.bfloat16) for a in random_qkv(5))
+  ours = attention.dot_product_attention(q, k, v, mask)
+  fused = attention.dot_product_attention(q, k, v, mask, implementation="cudnn")
+  np.testing.assert_allclose(np.asarray(fused, np.float32), np.asarray(ours, np.float32),
+                             rtol=2e-2, atol=2e-2)
+
+
+def test_bfloat16_softmax_runs_in_float32():
+  q, k, v = (a.astype(jnp.bfloat16) for a in random_qkv(6))
+  out, weights = attention.dot_product_attention(q, k, v, return_weights=True)
+  assert out.dtype == jnp.bfloat16 and weights.dtype == jnp.bfloat16
+  want, _ = reference_attention(q.astype(jnp.float32), k.astype(jnp.float32),
+                                v.astype(jnp.float32), None)
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_multi_head_step_matches_full_causal_attention(stacked):
+  D, L, layer = 10, 3, 1
+  mha = attention.MultiHeadAttention(num_heads=H, head_dim=K, out_dim=D)
+  x_BTD = jax.random.normal(jax.random.key(1), (B, S, D))
+  params = mha.init(jax.random.key(0), x_BTD, x_BTD)
+  causal = attention.make_causal_mask(jnp.ones((B, S), jnp.int32))
+  full_BTD = mha.apply(params, x_BTD, x_BTD, causal)
+  shape = (B, L, S, H, K) if stacked else (B, S, H, K)
+  cache_k = cache_v = jnp.zeros(shape)
+  for t in range(S):
+    out_B1D, cache_k, cache_v = mha.apply(params, x_BTD[:, t:t + 1], cache_k, cache_v,
+                                          jnp.int32(t), layer=layer if stacked else None,
+                                          method="step")
+    np.testing.assert_allclose(out_B1D[:, 0], full_BTD[:, t], rtol=1e-5, atol=1e-5)
+  if stacked:  # other layers' slices are untouched
+    assert not np.any(cache_k[:, 0]) and not np.any(cache_k[:, 2]) and np.all(cache_k[:, 1] != 0)
