@@ -1,0 +1,34 @@
+"""Decoding: greedy search, sampling and beam search over one step-function contract.
+
+Nothing here imports a model. The searches take ``step_fn(tokens_N, cache) ->
+(logits_NV, cache)`` (``StepFn``); ``generate`` builds it from any model with
+``encode``, ``init_cache`` and ``decode_step``.
+"""
+
+from seq2seq_jax.decoding.beam import BeamState as BeamState
+from seq2seq_jax.decoding.beam import beam_search as beam_search
+from seq2seq_jax.decoding.beam import expand_to_beams as expand_to_beams
+from seq2seq_jax.decoding.beam import gather_beams as gather_beams
+from seq2seq_jax.decoding.beam import length_penalty as length_penalty
+from seq2seq_jax.decoding.generate import decode_length as decode_length
+from seq2seq_jax.decoding.generate import generate as generate
+from seq2seq_jax.decoding.generate import generate_uncached as generate_uncached
+from seq2seq_jax.decoding.greedy import greedy_search as greedy_search
+from seq2seq_jax.decoding.sampling import sample as sample
+from seq2seq_jax.decoding.sampling import sample_logprobs as sample_logprobs
+from seq2seq_jax.decoding.step import StepFn as StepFn
+
+__all__ = [
+    "BeamState",
+    "StepFn",
+    "beam_search",
+    "decode_length",
+    "expand_to_beams",
+    "gather_beams",
+    "generate",
+    "generate_uncached",
+    "greedy_search",
+    "length_penalty",
+    "sample",
+    "sample_logprobs",
+]

@@ -1,0 +1,144 @@
+"""Model-level decoding: encode, build the step function, search; and an uncached reference."""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seq2seq_jax.configs import DecodeConfig
+from seq2seq_jax.decoding.beam import beam_search, expand_to_beams
+from seq2seq_jax.decoding.greedy import greedy_search
+from seq2seq_jax.decoding.sampling import sample
+from seq2seq_jax.decoding.step import StepFn, check_cache
+from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID, Array, PRNGKey, PyTree
+
+
+def decode_length(model: nn.Module, source_len: int, decode_config: DecodeConfig) -> int:
+  """The output length limit for sources padded to ``source_len``.
+
+  ``DecodeConfig.decode_len``; a limit derived from the ratio is capped at the
+  model's ``config.max_len`` when it has one (an explicit ``max_decode_len`` is not,
+  so a model that cannot decode that far says so).
+  """
+  length = decode_config.decode_len(source_len)
+  max_len = getattr(getattr(model, "config", None), "max_len", None)
+  if not decode_config.max_decode_len and max_len is not None:
+    length = min(length, max_len)
+  return length
+
+
+def _cached_step_fn(model: nn.Module, params: PyTree, memory: PyTree) -> StepFn:
+  def step_fn(tokens_N: Array, cache: PyTree) -> tuple[Array, PyTree]:
+    return model.apply({"params": params}, memory, tokens_N, cache, method="decode_step")
+  return step_fn
+
+
+def _uncached_step_fn(model: nn.Module, params: PyTree, memory: PyTree) -> StepFn:
+  """Re-runs ``decode`` on the whole prefix; its cache is the prefix itself.
+
+  Cache: ``{"targets_NT": int32 [N, T + 1], "index": int32 scalar}``. Column
+  ``index`` receives the token fed at step ``index`` (BOS at step 0), so columns
+  1.. hold the generated tokens, which ``decode`` shifts right behind BOS itself.
+  Causal attention keeps the unwritten PAD columns from reaching position ``index``.
+  """
+  def step_fn(tokens_N: Array, cache: PyTree) -> tuple[Array, PyTree]:
+    index = cache["index"]
+    targets_NT = cache["targets_NT"].at[:, index].set(tokens_N.astype(jnp.int32))
+    logits_NTV = model.apply({"params": params}, memory, targets_NT[:, 1:], method="decode")
+    logits_NV = jax.lax.dynamic_index_in_dim(logits_NTV, index, axis=1, keepdims=False)
+    return logits_NV, {"targets_NT": targets_NT, "index": index + 1}
+  return step_fn
+
+
+@functools.partial(jax.jit, static_argnames=("model", "decode_config", "max_decode_len",
+                                              "cached", "n_best"))
+def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, *,
+              decode_config: DecodeConfig, max_decode_len: int, cached: bool, n_best: bool):
+  batch = inputs_BS.shape[0]
+  memory = model.apply({"params": params}, inputs_BS, method="encode")
+  check_cache(memory, batch, "memory")
+  if cached:
+    cache = model.apply({"params": params}, memory, max_decode_len, method="init_cache")
+    make_step_fn = _cached_step_fn
+  else:
+    cache = {"targets_NT": jnp.full((batch, max_decode_len + 1), PAD_ID, jnp.int32),
+             "index": jnp.zeros((), jnp.int32)}
+    make_step_fn = _uncached_step_fn
+  common = dict(batch_size=batch, max_decode_len=max_decode_len, bos_id=BOS_ID, eos_id=EOS_ID)
+  config = decode_config
+  if config.method == "beam":
+    step_fn = make_step_fn(model, params, expand_to_beams(memory, config.beam_size))
+    tokens_BWT, scores_BW = beam_search(step_fn, cache, beam_size=config.beam_size,
+                                        alpha=config.alpha, **common)
+    return (tokens_BWT, scores_BW) if n_best else (tokens_BWT[:, 0], scores_BW[:, 0])
+  step_fn = make_step_fn(model, params, memory)
+  if config.method == "sample":
+    return sample(step_fn, cache, rng=rng, temperature=config.temperature, top_k=config.top_k,
+                  top_p=config.top_p, **common)
+  return greedy_search(step_fn, cache, **common)
+
+
+def _run(model, params, inputs_BS, decode_config, rng, cached, n_best):
+  if not isinstance(decode_config, DecodeConfig):
+    raise TypeError(f"decode_config must be a DecodeConfig; got {type(decode_config).__name__}")
+  if n_best and decode_config.method != "beam":
+    raise ValueError(f"n_best=True needs method='beam'; got method={decode_config.method!r}")
+  inputs_BS = jnp.asarray(inputs_BS)
+  if inputs_BS.ndim != 2 or not jnp.issubdtype(inputs_BS.dtype, jnp.integer):
+    raise ValueError(f"inputs_BS must be integer token ids [B, S]; got {inputs_BS.dtype} "
+                     f"{inputs_BS.shape}")
+  if rng is None:
+    rng = jax.random.key(decode_config.seed)
+  max_decode_len = decode_length(model, inputs_BS.shape[1], decode_config)
+  return _generate(model, params, inputs_BS.astype(jnp.int32), rng, decode_config=decode_config,
+                   max_decode_len=max_decode_len, cached=cached, n_best=n_best)
+
+
+def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: DecodeConfig,
+             *, rng: PRNGKey | None = None, n_best: bool = False) -> tuple[Array, Array]:
+  """Translates a batch of source ids with a model that follows the model contract.
+
+  Encodes, builds the cache (``init_cache``) and a step function closed over the
+  parameters and memory (``decode_step``), then runs the search that
+  ``decode_config.method`` names; memory is tiled for beams with
+  ``expand_to_beams``. Jitted: a second call with the same shapes, model and config
+  does not recompile, so pad sources to a few bucket lengths.
+
+  Args:
+    model: a Linen module with ``encode``, ``init_cache`` and ``decode_step``.
+    params: its parameters (the ``"params"`` collection).
+    inputs_BS: int source ids, PAD (0) after each row's EOS.
+    decode_config: method, beam size, length penalty, length limit, sampling knobs.
+      The length limit is ``decode_config.decode_len(S)`` (see ``decode_length``).
+    rng: sampling key; defaults to ``jax.random.key(decode_config.seed)``.
+    n_best: beam search only: return all W hypotheses.
+
+  Returns:
+    ``(tokens_BT, scores_B)``, the best output per row (tokens exclude BOS, include
+    EOS, PAD after it; scores are total log-probabilities, divided by the length
+    penalty for beam search), or ``(tokens_BWT, scores_BW)`` best first with ``n_best``.
+
+  Example:
+    >>> model = Transformer(TransformerConfig(vocab_size=32, model_dim=16, num_heads=2,
+    ...                                       mlp_dim=32, num_encoder_layers=1,
+    ...                                       num_decoder_layers=1))
+    >>> inputs = jnp.array([[5, 6, 7, 2]])
+    >>> params = model.init(jax.random.key(0), inputs, inputs)["params"]
+    >>> tokens, scores = generate(model, params, inputs, DecodeConfig(method="beam"))
+  """
+  return _run(model, params, inputs_BS, decode_config, rng, cached=True, n_best=n_best)
+
+
+def generate_uncached(model: nn.Module, params: PyTree, inputs_BS: Array,
+                      decode_config: DecodeConfig, *, rng: PRNGKey | None = None,
+                      n_best: bool = False) -> tuple[Array, Array]:
+  """``generate`` without a cache: every step re-runs ``decode`` on the whole prefix.
+
+  The reference that cached decoding must match (tests) and the baseline it must
+  beat (benchmarks): same arguments, same searches, same output conventions. Each
+  step costs a full teacher-forced decoder pass over ``T`` positions.
+  """
+  return _run(model, params, inputs_BS, decode_config, rng, cached=False, n_best=n_best)

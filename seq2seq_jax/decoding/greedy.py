@@ -1,0 +1,105 @@
+"""Greedy search, and the one-token-at-a-time loop that greedy and sampling share."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from seq2seq_jax.decoding.step import StepFn, check_cache, check_decode_args, next_token_logprobs
+from seq2seq_jax.types import PAD_ID, Array, PRNGKey, PyTree
+
+# (logprobs_BV float32, rng or None) -> next tokens_B int32.
+ChooseFn = Callable[[Array, PRNGKey | None], Array]
+
+
+class _LoopState(NamedTuple):
+  step: Array  # int32 scalar: index of the token being generated
+  last_B: Array  # int32, the token each row feeds to the next step
+  tokens_BT: Array  # int32 output, PAD where nothing was generated
+  scores_B: Array  # float32 total log-probability of each row's tokens
+  finished_B: Array  # bool, True once the row emitted EOS
+  cache: PyTree
+  rng: PRNGKey | None
+
+
+def decode_one_token_at_a_time(step_fn: StepFn, cache: PyTree, choose: ChooseFn, *,
+                               rng: PRNGKey | None, batch_size: int, max_decode_len: int,
+                               bos_id: int, eos_id: int) -> tuple[Array, Array]:
+  """Runs ``choose`` on the next-token log-probabilities until every row ends.
+
+  One ``lax.while_loop``; step t calls ``choose`` with ``fold_in(rng, t)`` (None
+  when ``rng`` is None). It stops as soon as every row has emitted EOS or after
+  ``max_decode_len`` tokens. Rows that have finished feed PAD and get PAD.
+
+  Returns:
+    ``(tokens_BT, scores_B)`` with ``T = max_decode_len``: tokens exclude BOS,
+    include EOS and are PAD after it; scores are the model's total log-probabilities
+    of the tokens up to and including EOS.
+  """
+  check_decode_args(batch_size=batch_size, max_decode_len=max_decode_len, bos_id=bos_id,
+                    eos_id=eos_id)
+  check_cache(cache, batch_size)
+
+  def cond(state: _LoopState) -> Array:
+    return jnp.logical_and(state.step < max_decode_len, ~jnp.all(state.finished_B))
+
+  def body(state: _LoopState) -> _LoopState:
+    logprobs_BV, cache = next_token_logprobs(step_fn, state.last_B, state.cache, bos_id=bos_id)
+    step_rng = None if state.rng is None else jax.random.fold_in(state.rng, state.step)
+    chosen_B = choose(logprobs_BV, step_rng).astype(jnp.int32)
+    next_B = jnp.where(state.finished_B, PAD_ID, chosen_B)
+    logprob_B = jnp.take_along_axis(logprobs_BV, chosen_B[:, None], axis=-1)[:, 0]
+    return _LoopState(
+        step=state.step + 1,
+        last_B=next_B,
+        tokens_BT=state.tokens_BT.at[:, state.step].set(next_B),
+        scores_B=state.scores_B + jnp.where(state.finished_B, 0.0, logprob_B),
+        finished_B=jnp.logical_or(state.finished_B, next_B == eos_id),
+        cache=cache,
+        rng=state.rng)
+
+  state = _LoopState(
+      step=jnp.zeros((), jnp.int32),
+      last_B=jnp.full((batch_size,), bos_id, jnp.int32),
+      tokens_BT=jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
+      scores_B=jnp.zeros((batch_size,), jnp.float32),
+      finished_B=jnp.zeros((batch_size,), bool),
+      cache=cache,
+      rng=rng)
+  state = jax.lax.while_loop(cond, body, state)
+  return state.tokens_BT, state.scores_B
+
+
+def greedy_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, max_decode_len: int,
+                  bos_id: int, eos_id: int) -> tuple[Array, Array]:
+  """Picks the most probable next token at every step.
+
+  Traceable; call it under ``jax.jit`` (``generate`` does).
+
+  Args:
+    step_fn: ``(tokens_B, cache) -> (logits_BV, cache)``, see ``StepFn``.
+    cache: the model's initial cache; non-scalar leaves ``[B, ...]``.
+    batch_size: B.
+    max_decode_len: T, the most tokens generated per row (EOS included).
+    bos_id: the token fed on the first step.
+    eos_id: the token that ends a row.
+
+  Returns:
+    ``(tokens_BT, scores_B)``: tokens exclude BOS, include EOS, PAD after it (a row
+    without EOS is returned as it stands); scores are total log-probabilities.
+
+  Example:
+    >>> step_fn = lambda tokens_N, cache: (jnp.tile(jnp.array([0., 0., 3., 1.]), (2, 1)), cache)
+    >>> greedy_search(step_fn, {}, batch_size=2, max_decode_len=3, bos_id=1, eos_id=2)[0]
+    Array([[2, 0, 0],
+           [2, 0, 0]], dtype=int32)
+  """
+  def argmax(logprobs_BV: Array, rng: None) -> Array:
+    del rng
+    return jnp.argmax(logprobs_BV, axis=-1)
+
+  return decode_one_token_at_a_time(step_fn, cache, argmax, rng=None,
+                                    batch_size=batch_size, max_decode_len=max_decode_len,
+                                    bos_id=bos_id, eos_id=eos_id)
