@@ -217,3 +217,148 @@ class MultiHeadAttention(nn.Module):
     mask = combine_masks(mask_111T, extra_mask)
     out_B1D = self.attend(inputs_q_B1D, k_BTHK, v_BTHK, mask)
     return out_B1D, cache_k, cache_v
+
+
+# Attention for recurrent decoders (Bahdanau et al. 2015, Luong et al. 2015). One
+# head, no scaling; the alignment matrix is returned because it is the point.
+
+
+def _alignment_mask(mask: Array, batch: int, queries: int, keys: int) -> Array:
+  """bool ``[B, 1, T or 1, S]`` (the library's mask shape) -> ``[B, T or 1, S]``."""
+  _check_mask(mask, batch, 1, queries, keys)
+  return mask[:, 0]
+
+
+def masked_alignment(scores_BTS: Array, mask: Array | None = None) -> Array:
+  """float32 softmax over the source of ``scores_BTS`` where ``mask`` allows.
+
+  Args:
+    scores_BTS: alignment scores, any float dtype.
+    mask: optional bool ``[B, 1, T or 1, S]``, True = may attend.
+
+  Returns:
+    float32 ``alignment_BTS``: each row sums to 1 over the allowed positions and
+    is exactly 0 elsewhere (a row with nothing allowed is uniform, never NaN).
+  """
+  scores_BTS = scores_BTS.astype(jnp.float32)
+  if mask is not None:
+    batch, queries, keys = scores_BTS.shape
+    scores_BTS = jnp.where(_alignment_mask(mask, batch, queries, keys), scores_BTS, NEG_INF)
+  return jax.nn.softmax(scores_BTS, axis=-1)
+
+
+def additive_scores(query_BTA: Array, keys_BSA: Array, v_A: Array) -> Array:
+  """Bahdanau scores ``v^T tanh(W q_t + U h_s)`` from projected queries and keys.
+
+  Args:
+    query_BTA: ``W q_t``, the projected decoder states.
+    keys_BSA: ``U h_s (+ b)``, the projected encoder states.
+    v_A: the scoring vector.
+
+  Returns:
+    float32 ``scores_BTS``.
+  """
+  hidden_BTSA = jnp.tanh(query_BTA[:, :, None, :] + keys_BSA[:, None, :, :])
+  return jnp.einsum("BTSA,A->BTS", hidden_BTSA, v_A.astype(hidden_BTSA.dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def luong_scores(query_BTD: Array, keys_BSD: Array) -> Array:
+  """Luong scores ``q_t . k_s`` ("dot"; "general" passes ``k_s = W_a h_s``), float32 ``[B, T, S]``."""
+  return jnp.einsum("BTD,BSD->BTS", query_BTD, keys_BSD, preferred_element_type=jnp.float32)
+
+
+def attention_context(alignment_BTS: Array, values_BSD: Array) -> Array:
+  """``c_t = sum_s alignment[t, s] * values[s]``: ``[B, T, D]`` in the values' dtype."""
+  return jnp.einsum("BTS,BSD->BTD", alignment_BTS.astype(values_BSD.dtype), values_BSD)
+
+
+class AdditiveAttention(nn.Module):
+  """Bahdanau (additive, "concat") attention: ``score(q, h) = v^T tanh(W q + U h + b)``.
+
+  ``project_keys`` computes ``U h + b`` once per source, so a decoder step pays
+  only for its query.
+
+  Example:
+    >>> att = AdditiveAttention(attention_dim=6)
+    >>> q, h = jnp.ones((2, 3, 4)), jnp.ones((2, 5, 8))
+    >>> mask = jnp.ones((2, 1, 1, 5), bool)
+    >>> (ctx, align), _ = att.init_with_output(jax.random.key(0), q, h, mask)
+    >>> ctx.shape, align.shape
+    ((2, 3, 8), (2, 3, 5))
+  """
+
+  attention_dim: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.query = nn.Dense(self.attention_dim, use_bias=False, dtype=self.dtype, name="query")
+    self.key = nn.Dense(self.attention_dim, use_bias=True, dtype=self.dtype, name="key")
+    self.v = self.param("v", nn.initializers.normal(stddev=self.attention_dim ** -0.5),
+                        (self.attention_dim,), jnp.float32)
+
+  def project_keys(self, memory_BSD: Array) -> Array:
+    """``keys_BSA = U h + b`` of the encoder states."""
+    return self.key(memory_BSD)
+
+  def attend(self, query_BTQ: Array, keys_BSA: Array, values_BSD: Array,
+             mask: Array | None = None) -> tuple[Array, Array]:
+    """Attends with already projected keys; returns ``(context_BTD, alignment_BTS)``."""
+    scores_BTS = additive_scores(self.query(query_BTQ), keys_BSA.astype(self.dtype), self.v)
+    alignment_BTS = masked_alignment(scores_BTS, mask)
+    return attention_context(alignment_BTS, values_BSD.astype(self.dtype)), alignment_BTS
+
+  def __call__(self, query_BTQ: Array, memory_BSD: Array,
+               mask: Array | None = None) -> tuple[Array, Array]:
+    """Returns ``(context_BTD, alignment_BTS)``; alignment is float32."""
+    return self.attend(query_BTQ, self.project_keys(memory_BSD), memory_BSD, mask)
+
+
+class LuongAttention(nn.Module):
+  """Luong multiplicative attention: "dot" ``q . h`` or "general" ``q^T W_a h``.
+
+  "general" projects the encoder states once (``project_keys``: ``W_a h``, width
+  ``query_dim``); "dot" needs queries and encoder states of the same width.
+
+  Example:
+    >>> att = LuongAttention(kind="general", query_dim=4)
+    >>> q, h = jnp.ones((2, 3, 4)), jnp.ones((2, 5, 8))
+    >>> (ctx, align), _ = att.init_with_output(jax.random.key(0), q, h)
+    >>> ctx.shape, align.shape
+    ((2, 3, 8), (2, 3, 5))
+  """
+
+  kind: str = "general"  # "dot" or "general"
+  query_dim: int = 0  # width of the queries; needed by "general"
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    if self.kind not in ("dot", "general"):
+      raise ValueError(f"LuongAttention.kind={self.kind!r}: must be 'dot' or 'general'")
+    if self.kind == "general":
+      if self.query_dim <= 0:
+        raise ValueError(f"LuongAttention.query_dim={self.query_dim}: 'general' needs the "
+                         "query width (a positive integer)")
+      self.key = nn.Dense(self.query_dim, use_bias=False, dtype=self.dtype, name="key")
+
+  def project_keys(self, memory_BSD: Array) -> Array:
+    """``W_a h`` for "general"; the encoder states themselves for "dot"."""
+    if self.kind == "general":
+      return self.key(memory_BSD)
+    return memory_BSD.astype(self.dtype)
+
+  def attend(self, query_BTQ: Array, keys_BSQ: Array, values_BSD: Array,
+             mask: Array | None = None) -> tuple[Array, Array]:
+    """Attends with already projected keys; returns ``(context_BTD, alignment_BTS)``."""
+    if query_BTQ.shape[-1] != keys_BSQ.shape[-1]:
+      raise ValueError(f"Luong '{self.kind}' attention: query width {query_BTQ.shape[-1]} "
+                       f"differs from key width {keys_BSQ.shape[-1]}; use 'general' or "
+                       "project the encoder states to the query width")
+    scores_BTS = luong_scores(query_BTQ.astype(self.dtype), keys_BSQ.astype(self.dtype))
+    alignment_BTS = masked_alignment(scores_BTS, mask)
+    return attention_context(alignment_BTS, values_BSD.astype(self.dtype)), alignment_BTS
+
+  def __call__(self, query_BTQ: Array, memory_BSD: Array,
+               mask: Array | None = None) -> tuple[Array, Array]:
+    """Returns ``(context_BTD, alignment_BTS)``; alignment is float32."""
+    return self.attend(query_BTQ, self.project_keys(memory_BSD), memory_BSD, mask)
