@@ -235,6 +235,7 @@ class TrainConfig:
   log_every: int = 50
   eval_every: int = 1000  # validation loss and BLEU every N steps; 0 = only at the end
   eval_bleu_sentences: int = 0  # validation sentences decoded for BLEU; 0 = all
+  eval_batches: int = 0  # validation batches for the validation loss; 0 = all
   checkpoint_every: int = 1000
   keep_checkpoints: int = 2  # latest N kept beside the best by validation BLEU
   parameter_sharding: str = "replicated"  # "replicated" or "fsdp" (shard along the data axis)
@@ -255,3 +256,104 @@ class TrainConfig:
     _check_choice(self, "parameter_sharding", ("replicated", "fsdp"))
     if self.eval_every < 0:
       _fail(self, "eval_every", self.eval_every, "must be >= 0 (0 means only at the end)")
+    for field in ("eval_bleu_sentences", "eval_batches"):
+      if getattr(self, field) < 0:
+        _fail(self, field, getattr(self, field), "must be >= 0 (0 means all)")
+    if self.schedule == "cosine" and self.warmup_steps >= self.num_steps:
+      _fail(self, "warmup_steps", self.warmup_steps,
+            f"the cosine schedule needs warmup_steps < num_steps={self.num_steps}")
+
+
+# ExperimentConfig.to_dict writes the model's kind under this key; from_dict reads it back.
+_MODEL_KINDS = {"transformer": TransformerConfig, "rnn": RNNConfig}
+
+
+def _section_from_dict(cls: type, values: Any, where: str):
+  """Builds config ``cls`` from a JSON-like dict; unknown keys raise naming ``where.key``."""
+  if not isinstance(values, dict):
+    raise ValueError(f"{where} must be a dict of {cls.__name__} fields; got {type(values).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - set(fields))
+  if unknown:
+    raise ValueError(f"unknown field(s) {', '.join(f'{where}.{k}' for k in unknown)} for "
+                     f"{cls.__name__}; known fields: {', '.join(sorted(fields))}")
+  kwargs = {}
+  for name, value in values.items():
+    # JSON has no tuples: a list comes back where the field holds a tuple.
+    if isinstance(value, list) and str(fields[name].type).startswith("tuple"):
+      value = tuple(value)
+    kwargs[name] = value
+  try:
+    return cls(**kwargs)
+  except TypeError as error:  # a required field is missing
+    raise ValueError(f"{where}: {error}") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+  """The whole configuration of a training run: model, data, optimisation, decoding.
+
+  Saved with every run and checkpoint (``to_dict``, JSON-serialisable) and read
+  back with ``from_dict``, which names any unknown field. The model section
+  carries its kind (``"transformer"`` or ``"rnn"``) under the key ``"kind"``.
+
+  Example:
+    >>> config = ExperimentConfig(model=TransformerConfig(vocab_size=500, model_dim=32,
+    ...                                                   num_heads=2, mlp_dim=64),
+    ...                           data=DataConfig(vocab_size=500))
+    >>> ExperimentConfig.from_dict(config.to_dict()) == config
+    True
+  """
+
+  model: TransformerConfig | RNNConfig  # the encoder-decoder to train
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)  # validation BLEU decoding
+
+  def __post_init__(self):
+    if not isinstance(self.model, tuple(_MODEL_KINDS.values())):
+      _fail(self, "model", type(self.model).__name__, "must be a TransformerConfig or an RNNConfig")
+    for field, cls in (("data", DataConfig), ("train", TrainConfig), ("decode", DecodeConfig)):
+      if not isinstance(getattr(self, field), cls):
+        _fail(self, field, type(getattr(self, field)).__name__, f"must be a {cls.__name__}")
+    longest = max(self.data.max_source_len, self.data.max_target_len)
+    if self.model.max_len < longest:
+      _fail(self, "model.max_len", self.model.max_len,
+            f"must be >= data.max_source_len / max_target_len ({longest}); raise model.max_len "
+            "or lower the data limits")
+
+  @property
+  def model_kind(self) -> str:
+    """``"transformer"`` or ``"rnn"``."""
+    return next(k for k, cls in _MODEL_KINDS.items() if isinstance(self.model, cls))
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable dict: ``{"model": {"kind": ..., ...}, "data": ..., ...}``."""
+    out = {}
+    for field in ("model", "data", "train", "decode"):
+      section = dataclasses.asdict(getattr(self, field))
+      out[field] = {k: list(v) if isinstance(v, tuple) else v for k, v in section.items()}
+    out["model"] = {"kind": self.model_kind, **out["model"]}
+    return out
+
+  @classmethod
+  def from_dict(cls, values: dict[str, Any]) -> "ExperimentConfig":
+    """Inverse of ``to_dict``; raises ``ValueError`` naming unknown sections or fields."""
+    if not isinstance(values, dict):
+      raise ValueError(f"an ExperimentConfig dict is needed; got {type(values).__name__}")
+    unknown = sorted(set(values) - {"model", "data", "train", "decode"})
+    if unknown:
+      raise ValueError(f"unknown section(s) {', '.join(unknown)}; known: model, data, train, "
+                       "decode")
+    if "model" not in values:
+      raise ValueError("the 'model' section is missing")
+    model = dict(values["model"])
+    kind = model.pop("kind", "transformer")
+    if kind not in _MODEL_KINDS:
+      raise ValueError(f"model.kind={kind!r} must be one of {', '.join(map(repr, _MODEL_KINDS))}")
+    sections = {"model": _section_from_dict(_MODEL_KINDS[kind], model, "model")}
+    for field, section_cls in (("data", DataConfig), ("train", TrainConfig),
+                               ("decode", DecodeConfig)):
+      if field in values:
+        sections[field] = _section_from_dict(section_cls, values[field], field)
+    return cls(**sections)
