@@ -1,0 +1,52 @@
+"""Named presets build valid configs; --set overrides parse, validate and name bad fields."""
+
+import pytest
+
+from seq2seq_jax import configs, presets
+
+
+@pytest.mark.parametrize("name", sorted(presets.PRESETS))
+def test_every_preset_builds_and_round_trips(name):
+  config = presets.get_preset(name)
+  assert configs.ExperimentConfig.from_dict(config.to_dict()) == config
+  assert config.model.vocab_size == config.data.vocab_size
+
+
+def test_en_de_variants_swap_languages():
+  assert presets.get_preset("multi30k_transformer").data.source_lang == "de"
+  config = presets.get_preset("multi30k_transformer_en_de")
+  assert (config.data.source_lang, config.data.target_lang) == ("en", "de")
+  assert presets.get_preset("multi30k_rnn_attention").model.attention == "additive"
+  assert presets.get_preset("multi30k_gru").model.attention == "none"
+
+
+def test_overrides_parse_each_type():
+  config = presets.apply_overrides(presets.get_preset("multi30k_transformer"), [
+      "train.num_steps=400", "model.dropout_rate=0", "data.bucket_lengths=8,16,64",
+      "model.share_embeddings=false", "data.manual_dir=/tmp/m30k", "decode.method=beam"])
+  assert config.train.num_steps == 400 and isinstance(config.train.num_steps, int)
+  assert config.model.dropout_rate == 0.0 and isinstance(config.model.dropout_rate, float)
+  assert config.data.bucket_lengths == (8, 16, 64)
+  assert config.model.share_embeddings is False
+  assert config.data.manual_dir == "/tmp/m30k"
+  assert config.decode.method == "beam"
+
+
+@pytest.mark.parametrize("override, words", [
+    ("foo.x=1", ["unknown section 'foo'", "model, data, train, decode"]),
+    ("train.nope=2", ["unknown field train.nope", "num_steps"]),
+    ("train.num_steps=abc", ["train.num_steps", "abc"]),
+    ("model.share_embeddings=maybe", ["true or false"]),
+    ("num_steps=3", ["section.field=value"]),
+    ("model.num_heads=5", ["model_dim", "num_heads=5"]),  # validated by the config itself
+])
+def test_bad_overrides_name_the_field(override, words):
+  with pytest.raises(ValueError) as error:
+    presets.apply_overrides(presets.get_preset("multi30k_transformer"), [override])
+  for word in words:
+    assert word in str(error.value)
+
+
+def test_unknown_preset_lists_the_known_ones():
+  with pytest.raises(ValueError, match="multi30k_transformer"):
+    presets.get_preset("wmt_giant")
