@@ -213,6 +213,19 @@ class DataConfig:
     if self.eval_batch_size % self.batch_multiple:
       _fail(self, "eval_batch_size", self.eval_batch_size,
             f"must be a multiple of batch_multiple={self.batch_multiple}")
+    if not (self.dataset in ("multi30k", "parallel_text")
+            or (self.dataset.startswith("tfds:") and len(self.dataset) > len("tfds:"))):
+      _fail(self, "dataset", self.dataset,
+            "must be 'multi30k', 'parallel_text' or 'tfds:NAME' (e.g. 'tfds:wmt14_translate/de-en')")
+    if self.dataset == "parallel_text" and not self.manual_dir:
+      _fail(self, "manual_dir", self.manual_dir,
+            "parallel_text reads your own files: set it to the folder of {split}.{lang} files")
+    # The longest batches (the bucket holding the length limits) need batch_multiple rows.
+    longest = min(b for b in self.bucket_lengths if b >= max(self.max_source_len, self.max_target_len))
+    if self.batch_tokens < self.batch_multiple * longest:
+      _fail(self, "batch_tokens", self.batch_tokens,
+            f"must hold batch_multiple={self.batch_multiple} rows of the bucket length {longest} "
+            f"that the length limits need: at least {self.batch_multiple * longest}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,48 @@
+"""Data: tfds builders (Multi30k, parallel_text, tfds:NAME), the sentencepiece vocabulary, grain pipelines.
+
+Prepared data lives under ``DataConfig.data_dir`` (``""`` means
+``~/.cache/seq2seq_jax/tfds``). See ``builders``, ``tokenizer`` and ``pipeline``
+for the details of each part.
+"""
+
+from seq2seq_jax.data.builders import DEFAULT_DATA_DIR as DEFAULT_DATA_DIR
+from seq2seq_jax.data.builders import MULTI30K_URL as MULTI30K_URL
+from seq2seq_jax.data.builders import TextPairs as TextPairs
+from seq2seq_jax.data.builders import download_multi30k as download_multi30k
+from seq2seq_jax.data.builders import load_split as load_split
+from seq2seq_jax.data.builders import prepare_dataset as prepare_dataset
+from seq2seq_jax.data.builders import resolve_data_dir as resolve_data_dir
+from seq2seq_jax.data.pipeline import EvalText as EvalText
+from seq2seq_jax.data.pipeline import TrainStats as TrainStats
+from seq2seq_jax.data.pipeline import bucket_rows as bucket_rows
+from seq2seq_jax.data.pipeline import load_eval_text as load_eval_text
+from seq2seq_jax.data.pipeline import make_eval_batches as make_eval_batches
+from seq2seq_jax.data.pipeline import make_train_dataset as make_train_dataset
+from seq2seq_jax.data.pipeline import make_train_iterator as make_train_iterator
+from seq2seq_jax.data.text_files import DataError as DataError
+from seq2seq_jax.data.tokenizer import Tokenizer as Tokenizer
+from seq2seq_jax.data.tokenizer import load_or_train_tokenizer as load_or_train_tokenizer
+from seq2seq_jax.data.tokenizer import train_tokenizer as train_tokenizer
+from seq2seq_jax.data.tokenizer import train_tokenizer_from_text as train_tokenizer_from_text
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "MULTI30K_URL",
+    "DataError",
+    "EvalText",
+    "TextPairs",
+    "Tokenizer",
+    "TrainStats",
+    "bucket_rows",
+    "download_multi30k",
+    "load_eval_text",
+    "load_or_train_tokenizer",
+    "load_split",
+    "make_eval_batches",
+    "make_train_dataset",
+    "make_train_iterator",
+    "prepare_dataset",
+    "resolve_data_dir",
+    "train_tokenizer",
+    "train_tokenizer_from_text",
+]

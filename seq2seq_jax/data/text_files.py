@@ -1,0 +1,144 @@
+"""Aligned text files: one sentence per line, one file per language and split.
+
+``read_aligned`` reads ``{split}.{lang}`` files (plain or ``.gz``) strictly and
+raises ``DataError`` naming the file, the line and the fix for anything a
+training run would otherwise get silently wrong: invalid UTF-8, an empty file,
+an empty line, files of different line counts. Nothing is dropped or repaired.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import pathlib
+from collections.abc import Iterable, Mapping
+
+
+class DataError(ValueError):
+  """Bad input data; the message names the file (and line) and how to fix it."""
+
+
+def split_files(directory: str | pathlib.Path, langs: Iterable[str]) -> dict[str, dict[str, pathlib.Path]]:
+  """Finds ``{split}.{lang}`` (or ``.gz``) files in ``directory``.
+
+  Args:
+    directory: folder holding the files.
+    langs: language codes to look for.
+
+  Returns:
+    ``{split: {lang: path}}`` for every split with at least one of ``langs``;
+    splits are sorted by name, languages keep their order in ``langs``.
+  """
+  directory = pathlib.Path(directory).expanduser()
+  if not directory.is_dir():
+    raise DataError(f"{directory} is not a directory: pass the folder that holds the "
+                    "{split}.{lang} text files (e.g. train.de, train.en)")
+  found: dict[str, dict[str, pathlib.Path]] = {}
+  for path in sorted(directory.iterdir()):
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    split, _, lang = name.rpartition(".")
+    if not split or lang not in langs or not path.is_file():
+      continue
+    if lang in found.get(split, {}):
+      raise DataError(f"{directory} holds both {name} and {name}.gz: keep only one of them")
+    found.setdefault(split, {})[lang] = path
+  return {split: {lang: files[lang] for lang in langs if lang in files}
+          for split, files in sorted(found.items())}
+
+
+def read_bytes(path: str | pathlib.Path) -> bytes:
+  """The file's bytes, decompressed when the name ends in ``.gz``."""
+  path = pathlib.Path(path)
+  data = path.read_bytes()
+  return gunzip(data, str(path)) if path.name.endswith(".gz") else data
+
+
+def gunzip(data: bytes, name: str) -> bytes:
+  """Decompresses gzip ``data``; ``name`` (file or URL) goes into the error message."""
+  try:
+    return gzip.decompress(data)
+  except (OSError, EOFError) as e:
+    raise DataError(f"{name}: not a readable gzip file ({e}); download it again or "
+                    "pass the decompressed text file") from e
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+  """Splits UTF-8 text into its lines, rejecting what cannot be a sentence per line.
+
+  Args:
+    data: the file's bytes.
+    name: the file name used in error messages (e.g. ``train.en``).
+
+  Returns:
+    The lines without their ``\\n`` (or ``\\r\\n``) ends, text otherwise unchanged.
+
+  Raises:
+    DataError: invalid UTF-8, an empty file, or an empty line; the message names
+      the file, the line number (1-based) and the fix.
+  """
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+    raise DataError(f"{name}: line {line}, byte {column}: invalid UTF-8 ({e.reason}); "
+                    "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from e
+  if text.startswith("\ufeff"):
+    text = text[1:]  # a UTF-8 byte order mark is not part of the first sentence
+  if text.endswith("\n"):
+    text = text[:-1]
+  if not text.strip():
+    raise DataError(f"{name}: the file is empty; it must hold one sentence per line, "
+                    "aligned with the other language's file")
+  lines = text.split("\n")
+  for number, line in enumerate(lines, 1):
+    if line.endswith("\r"):
+      line = lines[number - 1] = line[:-1]
+    if not line.strip():
+      raise DataError(f"{name}: line {number} is empty; every line must hold a sentence "
+                      "aligned with the same line of the other language's file: delete the "
+                      "line from both files or fill it in")
+  return lines
+
+
+def read_aligned(files: Mapping[str, str | pathlib.Path]) -> dict[str, list[str]]:
+  """Reads line-aligned files of one split.
+
+  Args:
+    files: ``{lang: path}``, e.g. ``{"de": ".../train.de", "en": ".../train.en"}``.
+
+  Returns:
+    ``{lang: lines}`` with equally many lines per language; line i of one
+    language translates line i of the other.
+
+  Raises:
+    DataError: as ``decode_lines``, or when the line counts differ (both files
+      and both counts are named).
+  """
+  texts = {lang: decode_lines(read_bytes(path), pathlib.Path(path).name)
+           for lang, path in files.items()}
+  counts = {lang: len(lines) for lang, lines in texts.items()}
+  if len(set(counts.values())) > 1:
+    described = ", ".join(f"{pathlib.Path(files[lang]).name} has {n}" for lang, n in counts.items())
+    raise DataError(f"line counts differ: {described} lines; the files must be line-aligned "
+                    "(line i of one translates line i of the other): fix the file with the "
+                    "extra or missing lines")
+  return texts
+
+
+def sha256(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def content_key(checksums: Mapping[str, str]) -> str:
+  """A short key of a set of files from their names and sha256 checksums.
+
+  Args:
+    checksums: ``{file name: sha256 of its decompressed text}``, e.g.
+      ``{"train.de": "2c2b...", ...}``.
+
+  Returns:
+    12 hex digits; equal for equal contents wherever the files came from.
+  """
+  listing = "\n".join(f"{name} {checksums[name]}" for name in sorted(checksums))
+  return hashlib.sha256(listing.encode()).hexdigest()[:12]
