@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="seq2seq-jax", description="Sequence-to-sequence models for machine translation.")
   parser.add_argument("--verbose", "-v", action="store_true", help="log at INFO level")
-  subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+  subparsers = parser.add_subparsers(dest="command", required=True, title="commands")
   _add_prepare(subparsers)
   return parser
 
