@@ -1,0 +1,348 @@
+"""Checkpoints that lose nothing: state, data-iterator state, tokenizer and config together.
+
+A checkpoint is an orbax step directory with these items:
+
+========== ============================================================================
+item       content
+========== ============================================================================
+params     the model's parameters (restorable alone: ``load_params``)
+opt_state  the optimizer's state
+data       the grain training iterator's position (``grain.checkpoint.CheckpointSave``)
+config     ``ExperimentConfig.to_dict()``
+tokenizer  ``{"sentencepiece_base64": ...}``: the run's vocabulary
+meta       ``{"step", "model_kind", "metrics"}`` (``metrics`` holds ``bleu`` when evaluated)
+========== ============================================================================
+
+``Checkpointer`` keeps the latest ``keep`` steps and, beside them, the step with
+the best validation BLEU (orbax's ``max_to_keep`` with ``best_fn`` would keep only
+the best and delete the latest, losing steps on resume). Saves are asynchronous;
+``wait_until_finished`` (called by ``close``) must run before the process exits.
+
+Example:
+  >>> checkpointer = Checkpointer(workdir / "checkpoints", keep=2)
+  >>> checkpointer.save(state, config=config, tokenizer=tokenizer, data_iterator=iterator,
+  ...                   metrics={"bleu": 21.3})
+  >>> checkpointer.close()
+  >>> params, config = load_params(workdir / "checkpoints", step="best")
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pathlib
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
+
+from seq2seq_jax.configs import ExperimentConfig
+from seq2seq_jax.types import PyTree
+
+_ITEMS = ("params", "opt_state", "data", "config", "tokenizer", "meta")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint is missing, unreadable, or does not fit the model or config at hand."""
+
+
+def _handlers() -> dict[str, Any]:
+  return {"params": ocp.StandardCheckpointHandler(), "opt_state": ocp.StandardCheckpointHandler(),
+          "data": grain.checkpoint.CheckpointHandler(), "config": ocp.JsonCheckpointHandler(),
+          "tokenizer": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+
+
+def _bleu(metrics: Any) -> float:
+  return float(metrics["bleu"])
+
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _shapes(tree: PyTree) -> dict[str, tuple[int, ...]]:
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {_path_str(path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def check_params_match(saved: PyTree, expected: PyTree, where: str) -> None:
+  """Raises ``CheckpointError`` naming the parameters that differ in name or shape.
+
+  Args:
+    saved: the checkpoint's parameter metadata (anything with ``.shape`` leaves).
+    expected: the parameters (or their shapes) of the model at hand.
+    where: the checkpoint's path, for the message.
+  """
+  saved_shapes, expected_shapes = _shapes(saved), _shapes(expected)
+  if saved_shapes == expected_shapes:
+    return
+  missing = sorted(set(expected_shapes) - set(saved_shapes))
+  extra = sorted(set(saved_shapes) - set(expected_shapes))
+  reshaped = sorted(k for k in set(saved_shapes) & set(expected_shapes)
+                    if saved_shapes[k] != expected_shapes[k])
+  parts = []
+  for label, names in (("missing from the checkpoint", missing), ("not in the model", extra)):
+    if names:
+      parts.append(f"{len(names)} {label} (e.g. {', '.join(names[:3])})")
+  if reshaped:
+    name = reshaped[0]
+    parts.append(f"{len(reshaped)} with other shapes (e.g. {name}: checkpoint "
+                 f"{saved_shapes[name]}, model {expected_shapes[name]})")
+  raise CheckpointError(f"{where} holds parameters of another model architecture: "
+                        f"{'; '.join(parts)}. Build the model from the checkpoint's own config "
+                        "(load_params returns it) or train a new run in another workdir")
+
+
+class Checkpointer:
+  """Saves and restores training checkpoints in ``directory`` (see the module docstring).
+
+  Args:
+    directory: the checkpoints' folder (created if missing).
+    keep: how many of the latest steps to keep; the best-BLEU step is kept beside them.
+    async_save: write in a background thread (call ``wait_until_finished`` / ``close``).
+  """
+
+  def __init__(self, directory: str | os.PathLike, *, keep: int = 2, async_save: bool = True):
+    if keep <= 0:
+      raise ValueError(f"keep={keep} must be a positive number of checkpoints")
+    self.directory = pathlib.Path(directory).expanduser().absolute()
+    policy = checkpoint_managers.AnyPreservationPolicy([
+        checkpoint_managers.LatestN(keep),
+        # Ascending order by BLEU: the last one (the highest) is kept. Steps saved
+        # without a BLEU are left to LatestN.
+        checkpoint_managers.BestN(get_metric_fn=_bleu, reverse=False, n=1,
+                                  keep_checkpoints_without_metrics=False)])
+    options = ocp.CheckpointManagerOptions(preservation_policy=policy,
+                                           enable_async_checkpointing=async_save, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_handlers=_handlers())
+
+  # ---- what is there -------------------------------------------------------------------------
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def best_step(self) -> int | None:
+    """The kept step with the highest validation BLEU, or None when none has one."""
+    best, best_bleu = None, None
+    for step in self.all_steps():
+      bleu = self.load_meta(step).get("metrics", {}).get("bleu")
+      if bleu is not None and (best_bleu is None or bleu > best_bleu):
+        best, best_bleu = step, bleu
+    return best
+
+  def resolve_step(self, step: int | str | None) -> int:
+    """``None`` / ``"latest"``, ``"best"`` or a number -> an existing step; raises if none."""
+    if step in (None, "latest"):
+      resolved = self.latest_step()
+    elif step == "best":
+      resolved = self.best_step()
+      if resolved is None:
+        raise CheckpointError(f"{self.directory}: no checkpoint has a validation BLEU; use "
+                              "step='latest' or a step number")
+    else:
+      resolved = int(step)
+      if resolved not in self.all_steps():
+        raise CheckpointError(f"{self.directory}: no checkpoint at step {resolved}; kept steps: "
+                              f"{self.all_steps()}")
+    if resolved is None:
+      raise CheckpointError(f"{self.directory}: no checkpoint found; train first or point to the "
+                            "run's checkpoints folder")
+    return resolved
+
+  # ---- saving --------------------------------------------------------------------------------
+  def save(self, state: Any, *, config: ExperimentConfig, tokenizer: Any = None,
+           data_iterator: grain.DatasetIterator | None = None,
+           metrics: dict[str, float] | None = None) -> bool:
+    """Writes ``state`` (a ``TrainState``) at step ``state.step`` with everything to resume.
+
+    Args:
+      state: has ``step``, ``params`` and ``opt_state``.
+      config: the run's config.
+      tokenizer: the run's ``Tokenizer`` (anything with ``to_bytes()``), or None.
+      data_iterator: the training iterator, positioned at the next batch to train on.
+      metrics: e.g. ``{"bleu": 21.3, "val_loss": 2.1}``; ``bleu`` ranks the best checkpoint.
+
+    Returns:
+      Whether a save started (False if this step is already saved).
+    """
+    step = int(jax.device_get(state.step))
+    if step in self.all_steps():
+      return False
+    metrics = {k: float(v) for k, v in (metrics or {}).items()}
+    proto = tokenizer.to_bytes() if tokenizer is not None else None
+    items = {
+        "params": ocp.args.StandardSave(state.params),
+        "opt_state": ocp.args.StandardSave(state.opt_state),
+        "config": ocp.args.JsonSave(config.to_dict()),
+        "tokenizer": ocp.args.JsonSave(
+            {"sentencepiece_base64": base64.b64encode(proto).decode("ascii") if proto else None}),
+        "meta": ocp.args.JsonSave({"step": step, "model_kind": config.model_kind,
+                                   "metrics": metrics}),
+    }
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    return self._manager.save(step, args=ocp.args.Composite(**items),
+                              metrics={"bleu": metrics["bleu"]} if "bleu" in metrics else None)
+
+  # ---- restoring -----------------------------------------------------------------------------
+  def _restore(self, step: int, **items) -> Any:
+    return self._manager.restore(step, args=ocp.args.Composite(**items))
+
+  def load_meta(self, step: int | str | None = None) -> dict[str, Any]:
+    return dict(self._restore(self.resolve_step(step), meta=ocp.args.JsonRestore())["meta"])
+
+  def load_config(self, step: int | str | None = None) -> ExperimentConfig:
+    """The config saved with a checkpoint."""
+    step = self.resolve_step(step)
+    values = self._restore(step, config=ocp.args.JsonRestore())["config"]
+    try:
+      return ExperimentConfig.from_dict(values)
+    except (TypeError, ValueError) as error:
+      raise CheckpointError(f"{self.directory}/{step}/config: {error}") from None
+
+  def load_tokenizer_bytes(self, step: int | str | None = None) -> bytes | None:
+    """The serialized sentencepiece model saved with a checkpoint (``Tokenizer.from_bytes``)."""
+    values = self._restore(self.resolve_step(step), tokenizer=ocp.args.JsonRestore())["tokenizer"]
+    encoded = values.get("sentencepiece_base64")
+    return base64.b64decode(encoded) if encoded else None
+
+  def check_params(self, abstract_params: PyTree, step: int | str | None = None) -> None:
+    """Raises ``CheckpointError`` unless the saved parameters have these names and shapes."""
+    step = self.resolve_step(step)
+    saved = self._manager.item_metadata(step)["params"]
+    saved = getattr(saved, "tree", saved)
+    check_params_match(saved, abstract_params, f"{self.directory}/{step}")
+
+  def restore(self, abstract_state: Any, *, step: int | str | None = None,
+              data_iterator: grain.DatasetIterator | None = None) -> Any:
+    """The ``TrainState`` of a checkpoint, placed as ``abstract_state``'s shardings say.
+
+    Args:
+      abstract_state: a ``TrainState`` of ``jax.ShapeDtypeStruct`` with shardings
+        (``training.step.abstract_train_state``).
+      step: ``None`` (latest), ``"best"`` or a number.
+      data_iterator: restored in place to the saved position when given.
+
+    Raises:
+      CheckpointError: the checkpoint holds another architecture.
+    """
+    step = self.resolve_step(step)
+    self.check_params(abstract_state.params, step)
+    items = {"params": ocp.args.StandardRestore(abstract_state.params),
+             "opt_state": ocp.args.StandardRestore(abstract_state.opt_state)}
+    if data_iterator is not None:
+      if not (self.directory / str(step) / "data").exists():
+        raise CheckpointError(f"{self.directory}/{step} has no data-iterator state; it cannot "
+                              "resume training exactly (was it written by average_checkpoints?)")
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    restored = self._restore(step, **items)
+    step_array = jax.device_put(np.asarray(step, np.int32), abstract_state.step.sharding)
+    return abstract_state.replace(step=step_array, params=restored["params"],
+                                  opt_state=restored["opt_state"])
+
+  def restore_params(self, abstract_params: PyTree, *, step: int | str | None = None) -> PyTree:
+    """Only the parameters, e.g. for translation or evaluation."""
+    step = self.resolve_step(step)
+    self.check_params(abstract_params, step)
+    return self._restore(step, params=ocp.args.StandardRestore(abstract_params))["params"]
+
+  def wait_until_finished(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Finishes pending saves and releases the manager."""
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _abstract_params(model_config, sharding=None) -> PyTree:
+  from seq2seq_jax.training.step import build_model, init_params  # training depends on us
+  model = build_model(model_config)
+  shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
+
+
+def load_params(directory: str | os.PathLike, *, step: int | str | None = "latest",
+                model_config: Any = None) -> tuple[PyTree, ExperimentConfig]:
+  """Parameters and config of a checkpoint, for programs that only run the model.
+
+  Args:
+    directory: a run's checkpoints folder (``WORKDIR/checkpoints``).
+    step: ``"latest"``, ``"best"`` (highest validation BLEU) or a step number.
+    model_config: when given, the model the caller will run; a checkpoint of
+      another architecture raises ``CheckpointError`` naming the difference.
+      Default: the checkpoint's own ``config.model``.
+
+  Returns:
+    ``(params, config)``: parameters on the first device, and the saved config.
+
+  Example:
+    >>> params, config = load_params("runs/m30k/checkpoints", step="best")
+    >>> model = build_model(config.model)
+  """
+  with Checkpointer(directory, keep=1, async_save=False) as checkpointer:
+    step = checkpointer.resolve_step(step)
+    config = checkpointer.load_config(step)
+    if model_config is not None and type(model_config) is not type(config.model):
+      raise CheckpointError(
+          f"{checkpointer.directory}/{step} holds a {type(config.model).__name__} model "
+          f"({config.model_kind}), not a {type(model_config).__name__}: build the model from the "
+          "checkpoint's config")
+    abstract = _abstract_params(model_config or config.model)
+    params = checkpointer.restore_params(abstract, step=step)
+  return params, config
+
+
+def average_checkpoints(directory: str | os.PathLike, output_directory: str | os.PathLike, *,
+                        num_last: int) -> int:
+  """Averages the parameters of the latest ``num_last`` checkpoints into a new checkpoint.
+
+  The result, in ``output_directory`` at the latest step, holds the averaged params
+  (float32 mean), the config and tokenizer of the latest checkpoint and the
+  averaged steps in ``meta["averaged_steps"]``; no optimizer or data state, so it
+  serves ``load_params`` and evaluation, not resuming.
+
+  Returns:
+    The step number the average was written under.
+  """
+  with Checkpointer(directory, keep=1, async_save=False) as source:
+    steps = source.all_steps()
+    if num_last <= 0 or num_last > len(steps):
+      raise ValueError(f"num_last={num_last} must be in [1, {len(steps)}]: {source.directory} "
+                       f"keeps steps {steps}")
+    chosen = steps[-num_last:]
+    config = source.load_config(chosen[-1])
+    tokenizer = source.load_tokenizer_bytes(chosen[-1])
+    abstract = _abstract_params(config.model)
+    total = None
+    for step in chosen:
+      params = source.restore_params(abstract, step=step)
+      params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+      total = params if total is None else jax.tree.map(np.add, total, params)
+  average = jax.tree.map(lambda x: (x / len(chosen)).astype(np.float32), total)
+  output = pathlib.Path(output_directory).expanduser().absolute()
+  manager = ocp.CheckpointManager(output, options=ocp.CheckpointManagerOptions(
+      enable_async_checkpointing=False, create=True), item_handlers=_handlers())
+  proto = base64.b64encode(tokenizer).decode("ascii") if tokenizer else None
+  manager.save(chosen[-1], args=ocp.args.Composite(
+      params=ocp.args.StandardSave(average),
+      config=ocp.args.JsonSave(config.to_dict()),
+      tokenizer=ocp.args.JsonSave({"sentencepiece_base64": proto}),
+      meta=ocp.args.JsonSave({"step": chosen[-1], "model_kind": config.model_kind, "metrics": {},
+                              "averaged_steps": chosen})), force=True)
+  manager.wait_until_finished()
+  manager.close()
+  return chosen[-1]

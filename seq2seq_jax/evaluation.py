@@ -1,0 +1,74 @@
+"""Translation quality through sacrebleu: corpus BLEU and chrF, with the signature to report.
+
+Scores are of detokenized text against untokenized references (sacrebleu's
+defaults: 13a tokenization, mixed case), the comparable way; the signature says
+exactly how a number was computed.
+
+Example:
+  >>> score = corpus_bleu(["A dog runs ."], ["A dog runs ."])
+  >>> score.score, score.signature  # (100.0, 'nrefs:1|case:mixed|eff:no|tok:13a|...')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import sacrebleu
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+  """A corpus-level score and how it was computed."""
+
+  name: str  # "BLEU" or "chrF"
+  score: float  # 0-100
+  signature: str  # sacrebleu's signature, e.g. "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+  details: str  # sacrebleu's one-line summary (n-gram precisions, brevity penalty ...)
+
+  def __str__(self) -> str:
+    return f"{self.name} {self.score:.2f} ({self.signature})"
+
+
+def _check(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[list[str], list[str]]:
+  if isinstance(hypotheses, str) or isinstance(references, str):
+    raise TypeError("hypotheses and references must be sequences of sentences, not one string")
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references: they must "
+                     "pair up line by line")
+  if not references:
+    raise ValueError("no sentences to score")
+  return list(hypotheses), list(references)
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,
+                tokenize: str | None = None, lowercase: bool = False) -> Score:
+  """Corpus BLEU of detokenized hypotheses against one reference each.
+
+  Args:
+    hypotheses: system outputs, one string per sentence.
+    references: the references, same order and count.
+    tokenize: sacrebleu tokenizer ("13a" default, "intl", "zh", "none" ...).
+    lowercase: case-insensitive BLEU.
+  """
+  hypotheses, references = _check(hypotheses, references)
+  metric = sacrebleu.metrics.BLEU(tokenize=tokenize, lowercase=lowercase)
+  result = metric.corpus_score(hypotheses, [references])
+  score = 0.0 if math.isnan(result.score) else float(result.score)
+  return Score("BLEU", score, str(metric.get_signature()), str(result))
+
+
+def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
+  """Corpus chrF (character 6-grams, beta 2) against one reference each."""
+  hypotheses, references = _check(hypotheses, references)
+  metric = sacrebleu.metrics.CHRF()
+  result = metric.corpus_score(hypotheses, [references])
+  return Score("chrF", float(result.score), str(metric.get_signature()), str(result))
+
+
+def perplexity(nll_sum: float, tokens: float) -> float:
+  """``exp(nll_sum / tokens)`` from summed token losses (``LossSums.nll``, ``LossSums.tokens``)."""
+  if tokens <= 0:
+    raise ValueError(f"tokens={tokens}: perplexity needs at least one target token")
+  return float(math.exp(min(nll_sum / tokens, 700.0)))
