@@ -1,0 +1,426 @@
+"""The host training loop: data in, steps, progress, validation, checkpoints, clean stops.
+
+``train(config, workdir)`` trains the model of an ``ExperimentConfig`` and leaves
+in ``workdir``:
+
+- ``config.json``: the resolved config (``ExperimentConfig.to_dict``);
+- ``run_info.json``: seed, package versions, git commit, devices, one entry per session;
+- ``tokenizer.model``: the run's sentencepiece vocabulary;
+- ``metrics.jsonl``: one JSON object per logged step: ``step`` (updates done,
+  1-based), ``loss`` (mean of the per-step losses since the previous line),
+  ``log_every`` (how many steps that mean covers), ``learning_rate``,
+  ``steps_per_sec``, ``tokens_per_sec`` (target tokens), ``grad_norm``,
+  ``accuracy``; at validation steps also ``val_loss``, ``val_ppl``, ``bleu``,
+  ``bleu_signature``;
+- ``checkpoints/``: see ``seq2seq_jax.checkpoints``.
+
+Faults: Ctrl-C (SIGINT) finishes the current step, saves and returns
+(``TrainResult.interrupted``); rerunning the same call resumes from the latest
+checkpoint, data position included, and says so; a different config is refused
+(``ConfigMismatchError``) unless ``restart=True``; after ``kill -9`` a rerun loses
+only the steps since the last checkpoint; a non-finite loss raises
+``NonFiniteLossError`` naming the step, and the last good checkpoint stays.
+
+Example:
+  >>> config = presets.get_preset("tiny_transformer")
+  >>> result = train(config, "runs/tiny")
+  >>> result.step, result.metrics["loss"], result.best_bleu
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from seq2seq_jax import checkpoints as checkpoints_lib
+from seq2seq_jax import evaluation
+from seq2seq_jax.configs import ExperimentConfig
+from seq2seq_jax.training import optimizer as optimizer_lib
+from seq2seq_jax.training import schedules
+from seq2seq_jax.training import step as step_lib
+
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
+             "sentencepiece", "sacrebleu", "numpy")
+
+# step_hook(step, state) -> state or None: runs before update number ``step`` (1-based).
+StepHook = Callable[[int, step_lib.TrainState], "step_lib.TrainState | None"]
+
+
+class ConfigMismatchError(ValueError):
+  """The workdir holds a run with another config."""
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The training loss became NaN or infinite."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+  """What ``train`` did.
+
+  Attributes:
+    step: updates done (the state's step at return).
+    interrupted: stopped by SIGINT before ``num_steps`` (a checkpoint was saved).
+    resumed_from: the checkpoint step this session started from, or None.
+    metrics: the last logged training metrics and the last validation metrics.
+    best_bleu: the highest validation BLEU of the run so far, or None.
+    best_step: its checkpoint step.
+    workdir: where everything is.
+  """
+
+  step: int
+  interrupted: bool
+  resumed_from: int | None
+  metrics: dict[str, Any]
+  best_bleu: float | None
+  best_step: int | None
+  workdir: str
+
+
+def config_diff(saved: ExperimentConfig, current: ExperimentConfig) -> list[str]:
+  """``"section.field: saved X, now Y"`` for every field that differs."""
+  def flat(config):
+    return {f"{section}.{key}": value for section, values in config.to_dict().items()
+            for key, value in values.items()}
+  old, new = flat(saved), flat(current)
+  return [f"{key}: saved {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
+          for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+
+
+def _git_commit() -> dict[str, Any] | None:
+  root = pathlib.Path(__file__).resolve().parents[2]
+  try:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                            timeout=10, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return {"commit": commit, "dirty": bool(dirty)}
+
+
+def _versions() -> dict[str, str | None]:
+  versions = {"python": platform.python_version()}
+  for name in _PACKAGES:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  return versions
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+  partial = path.with_name(path.name + ".partial")
+  partial.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+  partial.replace(path)
+
+
+def _record_session(workdir: pathlib.Path, config: ExperimentConfig, resumed_from: int | None,
+                    mesh) -> None:
+  _write_json(workdir / "config.json", config.to_dict())
+  path = workdir / "run_info.json"
+  info = json.loads(path.read_text()) if path.exists() else {"sessions": []}
+  info["seed"] = config.train.seed
+  info["sessions"].append({
+      "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "resumed_from": resumed_from, "versions": _versions(), "git": _git_commit(),
+      "argv": sys.argv, "devices": [str(d) for d in jax.devices()],
+      "process_count": jax.process_count(), "mesh": dict(mesh.shape)})
+  _write_json(path, info)
+
+
+def _trim_metrics(path: pathlib.Path, last_step: int) -> None:
+  """Drops lines logged after ``last_step`` (by a run killed after its last checkpoint)."""
+  if not path.exists():
+    return
+  kept = [line for line in path.read_text().splitlines()
+          if line.strip() and json.loads(line)["step"] <= last_step]
+  path.write_text("".join(line + "\n" for line in kept))
+
+
+def _set_aside(workdir: pathlib.Path) -> None:
+  """``restart=True``: moves the old run's files aside instead of deleting them."""
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  old = workdir / f"replaced-{stamp}"
+  for name in ("checkpoints", "metrics.jsonl", "config.json", "run_info.json", "tokenizer.model"):
+    if (workdir / name).exists():
+      old.mkdir(exist_ok=True)
+      shutil.move(str(workdir / name), str(old / name))
+  if old.exists():
+    print(f"restart: the previous run's files were moved to {old}", flush=True)
+
+
+class _Interrupt:
+  """Turns the first SIGINT into a flag checked between steps; a second one stops at once."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def _handle(self, signum, frame):
+    del frame
+    self.requested = True
+    print(f"\nsignal {signum}: saving a checkpoint after this step (Ctrl-C again to abort)",
+          file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGINT, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGINT, self._previous)
+
+
+def _format_eta(seconds: float) -> str:
+  seconds = int(seconds)
+  hours, rest = divmod(seconds, 3600)
+  return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class _Validator:
+  """Validation loss over the eval batches and BLEU of greedy (or configured) translations."""
+
+  def __init__(self, config: ExperimentConfig, tokenizer, model, mesh, params):
+    from seq2seq_jax.data import pipeline  # the data stack loads tfds; import when training
+    self._config = config
+    self._tokenizer = tokenizer
+    self._model = model
+    self._mesh = mesh
+    self._batches = pipeline.make_eval_batches(config.data, tokenizer,
+                                               shard_index=jax.process_index(),
+                                               shard_count=jax.process_count())
+    self._references = pipeline.load_eval_text(config.data).references
+    self._eval_step = step_lib.make_eval_step(model, mesh=mesh, params=params)
+
+  def __call__(self, params) -> dict[str, Any]:
+    from seq2seq_jax.decoding import generate
+    train = self._config.train
+    sums = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
+    limit_sentences = train.eval_bleu_sentences or len(self._references)
+    hypotheses: dict[int, str] = {}
+    for number, batch in enumerate(self._batches):
+      sharded = step_lib.shard_batch(batch, self._mesh)
+      if not train.eval_batches or number < train.eval_batches:
+        for key, value in jax.device_get(self._eval_step(params, sharded)).items():
+          sums[key] += float(value)
+      if len(hypotheses) < limit_sentences:
+        tokens_BT, _ = generate(self._model, params, sharded["inputs"], self._config.decode)
+        texts = self._tokenizer.decode_batch(np.asarray(jax.device_get(tokens_BT)))
+        for index, text in zip(batch["index"].tolist(), texts):
+          if index >= 0 and len(hypotheses) < limit_sentences:
+            hypotheses[index] = text
+      elif train.eval_batches and number >= train.eval_batches:
+        break
+    tokens = max(sums["tokens"], 1.0)
+    out = {"val_loss": sums["loss"] / tokens, "val_nll": sums["nll"] / tokens,
+           "val_ppl": evaluation.perplexity(sums["nll"], tokens),
+           "val_accuracy": sums["correct"] / tokens}
+    indices = sorted(hypotheses)
+    bleu = evaluation.corpus_bleu([hypotheses[i] for i in indices],
+                                  [self._references[i] for i in indices])
+    out.update(bleu=bleu.score, bleu_signature=bleu.signature, bleu_sentences=len(indices))
+    return out
+
+
+def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
+                    checkpointer: checkpoints_lib.Checkpointer, resume_step: int | None,
+                    tokenizer):
+  from seq2seq_jax.data import tokenizer as tokenizer_lib
+  path = workdir / "tokenizer.model"
+  if resume_step is not None:
+    proto = checkpointer.load_tokenizer_bytes(resume_step)
+    if proto is not None:
+      tokenizer = tokenizer_lib.Tokenizer.from_bytes(proto)
+  if tokenizer is None:
+    tokenizer = tokenizer_lib.load_or_train_tokenizer(config.data, path)
+  if not path.exists():
+    tokenizer.save(path)
+  if tokenizer.vocab_size > config.model.vocab_size:
+    raise ValueError(f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
+                     f"{config.model.vocab_size}: set model.vocab_size to {tokenizer.vocab_size}")
+  return tokenizer
+
+
+def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool = False,
+          tokenizer=None, progress: bool = True, step_hook: StepHook | None = None,
+          state_sharding_fn: step_lib.StateShardingFn = step_lib.replicated_state_sharding
+          ) -> TrainResult:
+  """Trains ``config.model`` on ``config.data`` for ``config.train.num_steps`` updates.
+
+  Resumes from ``workdir/checkpoints`` when it holds a checkpoint of the same config.
+
+  Args:
+    config: the whole run.
+    workdir: the run's folder (created if missing).
+    restart: start over even though ``workdir`` holds a run (its files are moved
+      to ``workdir/replaced-TIMESTAMP``, nothing is deleted).
+    tokenizer: a ``Tokenizer`` to use for a new run; default: ``workdir/tokenizer.model``,
+      trained on the training split when absent. A resumed run uses its checkpoint's.
+    progress: print a progress line at every logged step.
+    step_hook: ``hook(step, state) -> state | None`` before update ``step`` (1-based);
+      for experiments and fault-injection tests.
+    state_sharding_fn: where the state lives on the mesh (default: replicated).
+
+  Returns:
+    A ``TrainResult``.
+
+  Raises:
+    ConfigMismatchError: the workdir's run has another config and ``restart`` is False.
+    NonFiniteLossError: the loss became NaN or infinite (the message names the step).
+    CheckpointError: the workdir's checkpoint holds another model architecture.
+  """
+  if not isinstance(config, ExperimentConfig):
+    raise TypeError(f"config must be an ExperimentConfig; got {type(config).__name__}")
+  train_config = config.train
+  workdir = pathlib.Path(workdir).expanduser().absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+
+  if restart:
+    _set_aside(workdir)
+  checkpointer = checkpoints_lib.Checkpointer(workdir / "checkpoints",
+                                              keep=train_config.keep_checkpoints)
+  try:
+    resume_step = checkpointer.latest_step()
+    if resume_step is not None:
+      differences = config_diff(checkpointer.load_config(resume_step), config)
+      if differences:
+        raise ConfigMismatchError(
+            f"{workdir} holds a run (checkpoint step {resume_step}) with another config:\n  "
+            + "\n  ".join(differences)
+            + "\nRerun with the saved config (workdir/config.json) to resume, pass restart=True "
+            "(--restart) to start over in this workdir, or use another workdir")
+    tokenizer = _load_tokenizer(config, workdir, checkpointer, resume_step, tokenizer)
+
+    mesh = step_lib.make_mesh(train_config.model_parallelism)
+    dtype = None if train_config.compute_dtype == "float32" else train_config.compute_dtype
+    model = step_lib.build_model(config.model, compute_dtype=dtype)
+    schedule = schedules.make_schedule(train_config)
+    optimizer = optimizer_lib.make_optimizer(train_config, schedule)
+
+    from seq2seq_jax.data import pipeline
+    iterator = pipeline.make_train_iterator(config.data, tokenizer,
+                                            shard_index=jax.process_index(),
+                                            shard_count=jax.process_count())
+    root_rng = jax.random.key(train_config.seed)
+    if resume_step is not None:
+      abstract = step_lib.abstract_train_state(model, optimizer, mesh=mesh,
+                                               state_sharding_fn=state_sharding_fn)
+      state = checkpointer.restore(abstract, step=resume_step, data_iterator=iterator)
+      _trim_metrics(workdir / "metrics.jsonl", resume_step)
+      log(f"Resumed from checkpoint step {resume_step} in {checkpointer.directory}")
+    else:
+      state = step_lib.create_train_state(model, optimizer, rng=jax.random.fold_in(root_rng, 0),
+                                          mesh=mesh, state_sharding_fn=state_sharding_fn)
+    _record_session(workdir, config, resume_step, mesh)
+    dropout_rng = jax.random.fold_in(root_rng, 1)
+    train_step = step_lib.make_train_step(
+        model, optimizer, schedule, mesh=mesh, state=state,
+        label_smoothing=train_config.label_smoothing,
+        grad_accum_steps=train_config.grad_accum_steps)
+    validator = None
+
+    step = int(jax.device_get(state.step))
+    num_steps = train_config.num_steps
+    interrupted = False
+    last_train: dict[str, Any] = {}
+    last_eval: dict[str, Any] = {}
+    window = {"loss": [], "nll": [], "accuracy": [], "grad_norm": [], "tokens": 0.0}
+    window_start = time.perf_counter()
+    window_first_step = step
+    session_start, session_first_step = time.perf_counter(), step
+    metrics_file = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+
+    with _Interrupt() as interrupt, metrics_file:
+      while step < num_steps:
+        batch = next(iterator)
+        if step_hook is not None:
+          state = step_hook(step + 1, state) or state
+        state, metrics = train_step(state, step_lib.shard_batch(batch, mesh), dropout_rng)
+        metrics = jax.device_get(metrics)
+        loss = float(metrics["loss"])
+        if not math.isfinite(loss):
+          good = checkpointer.latest_step()
+          raise NonFiniteLossError(
+              f"non-finite training loss ({loss}) at step {step + 1}; stopped without saving. "
+              f"The last good checkpoint is step {good} in {checkpointer.directory}. Lower "
+              "train.learning_rate, raise train.warmup_steps, set train.clip_norm, or use "
+              "float32 compute")
+        step += 1
+        for key in ("loss", "nll", "accuracy", "grad_norm"):
+          window[key].append(float(metrics[key]))
+        window["tokens"] += float(metrics["tokens"])
+
+        is_eval = (train_config.eval_every and step % train_config.eval_every == 0) or (
+            step == num_steps)
+        stop = interrupt.requested
+        if step % train_config.log_every == 0 or is_eval or stop or step == num_steps:
+          elapsed = max(time.perf_counter() - window_start, 1e-9)
+          count = step - window_first_step
+          last_train = {
+              "step": step, "loss": float(np.mean(window["loss"])), "log_every": count,
+              "nll": float(np.mean(window["nll"])),
+              "accuracy": float(np.mean(window["accuracy"])),
+              "grad_norm": float(np.mean(window["grad_norm"])),
+              "learning_rate": float(metrics["learning_rate"]),
+              "steps_per_sec": count / elapsed, "tokens_per_sec": window["tokens"] / elapsed}
+          record = dict(last_train)
+          if is_eval:
+            if validator is None:
+              validator = _Validator(config, tokenizer, model, mesh, state.params)
+            eval_start = time.perf_counter()
+            last_eval = validator(state.params)
+            record.update(last_eval, eval_seconds=time.perf_counter() - eval_start)
+          metrics_file.write(json.dumps(record) + "\n")
+          metrics_file.flush()
+          session_rate = (step - session_first_step) / max(
+              time.perf_counter() - session_start, 1e-9)
+          eta = (num_steps - step) / max(session_rate, 1e-9)
+          line = (f"step {step}/{num_steps} | {last_train['steps_per_sec']:.2f} steps/s | "
+                  f"{last_train['tokens_per_sec']:,.0f} tokens/s | loss {last_train['loss']:.4f}"
+                  f" | lr {last_train['learning_rate']:.3g} | ETA {_format_eta(eta)}")
+          if is_eval:
+            line += (f" | val_loss {last_eval['val_loss']:.4f} | BLEU {last_eval['bleu']:.2f}")
+          log(line)
+          window = {"loss": [], "nll": [], "accuracy": [], "grad_norm": [], "tokens": 0.0}
+          window_first_step, window_start = step, time.perf_counter()
+
+        if (step % train_config.checkpoint_every == 0 or is_eval or stop or step == num_steps):
+          checkpointer.save(state, config=config, tokenizer=tokenizer, data_iterator=iterator,
+                            metrics={"bleu": last_eval["bleu"], "val_loss": last_eval["val_loss"]}
+                            if is_eval else None)
+        if stop:
+          interrupted = True
+          log(f"Interrupted: saved checkpoint step {step} in {checkpointer.directory}; rerun "
+              "the same command to resume")
+          break
+    checkpointer.wait_until_finished()
+    best_step = checkpointer.best_step()
+    best_bleu = None
+    if best_step is not None:
+      best_bleu = checkpointer.load_meta(best_step)["metrics"].get("bleu")
+    return TrainResult(step=step, interrupted=interrupted, resumed_from=resume_step,
+                       metrics={**last_train, **last_eval}, best_bleu=best_bleu,
+                       best_step=best_step, workdir=str(workdir))
+  finally:
+    checkpointer.close()
