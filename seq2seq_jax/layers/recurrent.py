@@ -110,12 +110,13 @@ class RNNEncoder(nn.Module):
     for layer in range(self.num_layers):
       if layer > 0:
         x_BSD = nn.Dropout(self.dropout_rate)(x_BSD, deterministic=deterministic)
-      forward = nn.RNN(make_cell(self.cell, self.hidden_dim, dtype=self.dtype),
-                       return_carry=True, name=f"forward_{layer}")
+      # Cells are named here so their parameters read encoder/forward_0/..., backward_0/...
+      forward = nn.RNN(make_cell(self.cell, self.hidden_dim, dtype=self.dtype,
+                                 name=f"forward_{layer}"), return_carry=True)
       carry, out_BSD = forward(x_BSD, seq_lengths=lengths_B)
       if self.bidirectional:
-        backward = nn.RNN(make_cell(self.cell, self.hidden_dim, dtype=self.dtype),
-                          return_carry=True, name=f"backward_{layer}")
+        backward = nn.RNN(make_cell(self.cell, self.hidden_dim, dtype=self.dtype,
+                                    name=f"backward_{layer}"), return_carry=True)
         carry_back, out_back_BSD = backward(x_BSD, seq_lengths=lengths_B, reverse=True,
                                             keep_order=True)
         carry = jax.tree.map(lambda f, b: jnp.concatenate([f, b], axis=-1), carry, carry_back)
