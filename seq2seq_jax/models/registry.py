@@ -17,5 +17,11 @@ def build_model(config) -> nn.Module:
   if isinstance(config, configs.TransformerConfig):
     from seq2seq_jax.models.transformer import Transformer
     return Transformer(config)
+  if isinstance(config, configs.RNNConfig):
+    from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq
+    return RNNSeq2Seq(config)
+  if isinstance(config, configs.DecomposableAttentionConfig):
+    from seq2seq_jax.models.decomposable import DecomposableAttention
+    return DecomposableAttention(config)
   raise TypeError(f"no model is registered for {type(config).__name__}; expected one of "
                   "TransformerConfig, RNNConfig, DecomposableAttentionConfig")
