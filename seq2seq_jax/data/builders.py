@@ -390,7 +390,8 @@ def load_split(data_config: DataConfig, split: str, *,
   if split not in builder.info.splits:
     raise DataError(f"{data_config.dataset} has no split {split!r}; it has "
                     f"{', '.join(sorted(builder.info.splits))}: set DataConfig.train_split / "
-                    "eval_split (or --split) to one of them")
+                    "eval_split to one of them")
   source = builder.as_data_source(split=split)
+  config_name = f"/{builder.builder_config.name}" if builder.builder_config else ""
   return TextPairs(source, data_config.source_lang, data_config.target_lang,
-                   name=f"{builder.name}/{builder.builder_config.name if builder.builder_config else ''}:{split}")
+                   name=f"{builder.name}{config_name}:{split}")

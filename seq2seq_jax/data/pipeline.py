@@ -28,6 +28,13 @@ takes rows ``[h * B / n, (h + 1) * B / n)`` of each global batch (``shard_index`
 ``h``, ``shard_count`` ``n``: pass ``jax.process_index()``,
 ``jax.process_count()``), so all hosts step through the same shapes.
 
+Batches are built on grain's prefetch threads (``DEFAULT_READ_OPTIONS``). Worker
+processes work too: ``make_train_dataset(...)[0].to_iter_dataset().mp_prefetch(
+grain.MultiprocessingOptions(num_workers=N))``; grain then needs absl flags
+parsed (``absl.flags.FLAGS.mark_as_parsed()`` outside an absl app). Before a
+multi-host run, prepare the corpus once (``seq2seq-jax prepare``) so hosts do
+not race to write it.
+
 Evaluation (``make_eval_batches``): the split in file order, ``eval_batch_size``
 rows per batch (the last filled with padding rows, ``weights`` 0), each batch
 padded to the smallest bucket that holds it; over-long pairs are truncated (a

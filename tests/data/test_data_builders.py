@@ -10,6 +10,8 @@ from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data import builders
 from seq2seq_jax.data.text_files import DataError
 
+pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
+
 SPLITS_TINY = {"train": 300, "val": 50, "test_2016_flickr": 50}
 
 
@@ -177,3 +179,15 @@ def test_tfds_name_reads_a_registered_tfds_dataset(tmp_path):
     builders.prepare_dataset(wrong)
   with pytest.raises(DataError, match=r"tfds has no dataset 'no_such_dataset'"):
     builders.prepare_dataset(DataConfig(dataset="tfds:no_such_dataset", data_dir=str(tmp_path)))
+
+
+def test_tfds_name_feeds_the_tokenizer_and_the_pipeline(tmp_path):
+  from seq2seq_jax.data import pipeline, tokenizer
+  config = DataConfig(dataset="tfds:seq2seq_jax_tiny_translate", data_dir=str(tmp_path),
+                      eval_split="validation", vocab_size=40, eval_batch_size=8)
+  vocab = tokenizer.train_tokenizer(config)
+  batches = list(pipeline.make_eval_batches(config, vocab))
+  assert len(batches) == 1 and sorted(batches[0]["index"][:6]) == list(range(6))
+  pairs = builders.load_split(config, "validation")
+  row = int(batches[0]["index"][0])
+  assert vocab.decode(batches[0]["targets"][0]) == pairs[row][1]

@@ -5,6 +5,8 @@ import pytest
 from seq2seq_jax import cli
 from seq2seq_jax.data import tokenizer as tokenizer_lib
 
+pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
+
 
 def test_prepare_multi30k_tiny_and_its_vocabulary(multi30k_tiny, tmp_path, capsys):
   status = cli.main(["prepare", "--dataset", "multi30k", "--manual-dir", str(multi30k_tiny),

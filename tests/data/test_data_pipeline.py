@@ -10,6 +10,8 @@ from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data import builders, pipeline
 from seq2seq_jax.types import EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
+
 
 def _expected_row(tokenizer, text: str, limit: int, length: int) -> np.ndarray:
   row = np.full(length, PAD_ID, np.int32)

@@ -9,6 +9,8 @@ from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data import tokenizer as tokenizer_lib
 from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
+
 
 def _lines(path) -> list[str]:
   return path.read_text(encoding="utf-8").split("\n")[:-1]
