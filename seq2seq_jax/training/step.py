@@ -248,7 +248,7 @@ def train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Modul
   params = optax.apply_updates(state.params, updates)
   metrics = {"loss": sums.loss / tokens, "nll": sums.nll / tokens,
              "accuracy": sums.correct / tokens, "tokens": sums.tokens,
-             "grad_norm": optax.global_norm(grads), "learning_rate": schedule(state.step)}
+             "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
