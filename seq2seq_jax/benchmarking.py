@@ -1,0 +1,341 @@
+"""Helpers the benchmark scripts share: FLOP counts, the matmul peak, honest timing.
+
+FLOPs count matrix multiplications only (2 per multiply-add), the convention of
+model FLOP utilisation: softmax, LayerNorm and the optimizer are left out. A
+training step costs three forward passes (the backward pass multiplies twice per
+forward matmul). ``matmul_flops`` counts the same thing from a function's jaxpr,
+which is how the config formulas are tested.
+
+Timing blocks on every result (JAX dispatches asynchronously) and reports the
+first call, which compiles, apart from the steady-state calls.
+
+Example:
+  >>> config = TransformerConfig(vocab_size=8000, model_dim=256, num_heads=4, mlp_dim=1024,
+  ...                            num_encoder_layers=3, num_decoder_layers=3)
+  >>> round(transformer_flops_per_token(config, source_len=24, target_len=24) / 1e6, 1)
+  46.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seq2seq_jax.configs import TransformerConfig
+from seq2seq_jax.types import EOS_ID, NEG_INF, PAD_ID, Array, PyTree
+
+QUICK_ENV = "SEQ2SEQ_JAX_QUICK"
+
+
+def quick_mode() -> bool:
+  """True when ``SEQ2SEQ_JAX_QUICK`` is set to 1/true/yes: benchmarks shrink to CI size."""
+  return os.environ.get(QUICK_ENV, "").lower() in ("1", "true", "yes")
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def transformer_flops_per_token(config: TransformerConfig, *, source_len: int, target_len: int,
+                                training: bool = True) -> float:
+  """Matmul FLOPs per target token of one Transformer pass over a (source, target) pair.
+
+  Counts what the library's Transformer computes (``models/transformer.py``): per
+  source token and encoder layer the Q/K/V/O projections (8 D^2), attention scores
+  and weighted values over all S keys (4 S D) and the feed-forward layer (4 D F);
+  per source token and decoder layer the cross-attention keys and values (4 D^2);
+  per target token and decoder layer causal self attention computed over all T
+  keys (8 D^2 + 4 T D), the cross-attention query and output (4 D^2) and its
+  attention over S keys (4 S D), the feed-forward layer (4 D F); and the output
+  projection (2 D V). Embedding lookups are gathers and cost nothing here.
+
+  Args:
+    config: the model.
+    source_len: S, padded source length (padding costs as much as real tokens).
+    target_len: T, padded target length.
+    training: forward and backward (3x the forward), else the forward only.
+
+  Returns:
+    FLOPs of the whole pass divided by ``target_len``.
+  """
+  d, f, v = config.model_dim, config.mlp_dim, config.vocab_size
+  s, t = source_len, target_len
+  encoder_per_source = config.num_encoder_layers * (8 * d * d + 4 * s * d + 4 * d * f)
+  cross_kv_per_source = config.num_decoder_layers * 4 * d * d
+  decoder_per_target = config.num_decoder_layers * (
+      8 * d * d + 4 * t * d + 4 * d * d + 4 * s * d + 4 * d * f)
+  forward = s * (encoder_per_source + cross_kv_per_source) + t * (decoder_per_target + 2 * d * v)
+  return (3.0 if training else 1.0) * forward / t
+
+
+def _dot_general_flops(eqn) -> int:
+  lhs, rhs = (var.aval for var in eqn.invars[:2])
+  (_, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
+  rhs_free = [size for axis, size in enumerate(rhs.shape)
+              if axis not in rhs_contract and axis not in rhs_batch]
+  return 2 * math.prod(lhs.shape) * math.prod(rhs_free)
+
+
+def _jaxpr_matmul_flops(jaxpr) -> int:
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      total += _dot_general_flops(eqn)
+      continue
+    if eqn.primitive.name == "while":
+      raise ValueError("matmul_flops cannot count a while_loop (unknown trip count); count "
+                       "its body separately")
+    if eqn.primitive.name == "cond":
+      total += max(_jaxpr_matmul_flops(branch.jaxpr) for branch in eqn.params["branches"])
+      continue
+    multiplier = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+    for value in eqn.params.values():
+      inner = getattr(value, "jaxpr", value)  # ClosedJaxpr -> Jaxpr
+      if isinstance(inner, jax.extend.core.Jaxpr):
+        total += multiplier * _jaxpr_matmul_flops(inner)
+  return total
+
+
+def matmul_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+  """Matmul FLOPs (2 per multiply-add of every ``dot_general``) of ``fn(*args, **kwargs)``.
+
+  Traced, never run: arguments may be ``jax.ShapeDtypeStruct``. Scans count their
+  body ``length`` times; a ``cond`` counts its costliest branch; a ``while_loop``
+  raises, its trip count being unknown.
+
+  Example:
+    >>> matmul_flops(jnp.dot, jnp.ones((2, 3)), jnp.ones((3, 5)))
+    60
+  """
+  return _jaxpr_matmul_flops(jax.make_jaxpr(fn)(*args, **kwargs).jaxpr)
+
+
+def train_flops_per_token(model: nn.Module, params: PyTree, *, batch_size: int, source_len: int,
+                          target_len: int) -> float:
+  """Matmul FLOPs per target token of a training step's gradient, counted from its jaxpr.
+
+  For models without a closed-form count (the recurrent ones): the gradient of
+  the teacher-forced loss of ``model`` on a ``[batch_size, source_len]`` /
+  ``[batch_size, target_len]`` batch, divided by the batch's target tokens.
+  """
+  inputs_BS = jax.ShapeDtypeStruct((batch_size, source_len), jnp.int32)
+  targets_BT = jax.ShapeDtypeStruct((batch_size, target_len), jnp.int32)
+
+  def loss(params, inputs_BS, targets_BT):
+    logits_BTV = model.apply({"params": params}, inputs_BS, targets_BT)
+    return jnp.sum(logits_BTV)
+
+  return matmul_flops(jax.grad(loss), params, inputs_BS, targets_BT) / (batch_size * target_len)
+
+
+def measure_matmul_peak(*, size: int = 2048, repeats: int = 5,
+                        dtype: Any = jnp.float32) -> float:
+  """The best matmul rate XLA reaches here, in FLOP/s: the denominator of utilisation.
+
+  Times a jitted chain of eight ``[size, size]`` matmuls (so dispatch is amortised)
+  and keeps the fastest of ``repeats`` runs: the attainable peak, not an average.
+  """
+  chain = 8
+  a = jax.random.normal(jax.random.key(0), (size, size), dtype) / math.sqrt(size)
+
+  @jax.jit
+  def run(x):
+    return jax.lax.fori_loop(0, chain, lambda _, y: y @ a, x)
+
+  timing = time_fn(lambda: run(a), repeats=repeats)
+  return chain * 2 * size ** 3 / timing.min_s
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """Wall-clock seconds of repeated calls; ``first_s`` (which compiles) is kept apart."""
+
+  first_s: float
+  times_s: tuple[float, ...]
+
+  @property
+  def median_s(self) -> float:
+    return statistics.median(self.times_s)
+
+  @property
+  def min_s(self) -> float:
+    return min(self.times_s)
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"first_s": self.first_s, "median_s": self.median_s, "min_s": self.min_s,
+            "times_s": list(self.times_s)}
+
+
+def block(result: Any) -> Any:
+  """Waits for every JAX array in ``result`` (other leaves, e.g. torch tensors, pass)."""
+  for leaf in jax.tree.leaves(result):
+    if isinstance(leaf, jax.Array):
+      leaf.block_until_ready()
+  return result
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+  start = time.perf_counter()
+  block(fn())
+  return time.perf_counter() - start
+
+
+def time_fn(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> Timing:
+  """Times ``fn()`` (no arguments: close over them) ``repeats`` times after ``warmup`` calls.
+
+  Every call is blocked on, so asynchronous dispatch cannot hide work. The first
+  warmup call (compilation) is reported as ``first_s``, never in the statistics.
+  """
+  if repeats <= 0 or warmup <= 0:
+    raise ValueError(f"repeats={repeats} and warmup={warmup} must be positive")
+  first = _timed(fn)
+  for _ in range(warmup - 1):
+    _timed(fn)
+  return Timing(first_s=first, times_s=tuple(_timed(fn) for _ in range(repeats)))
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = 5,
+                     warmup: int = 1) -> dict[str, Timing]:
+  """Times several systems alternately: round r calls each once, in a rotated order.
+
+  On a shared, noisy machine a slow spell then hits every system alike, so the
+  ratio of their medians is fairer than timings taken one system after another.
+  """
+  if rounds <= 0 or warmup <= 0:
+    raise ValueError(f"rounds={rounds} and warmup={warmup} must be positive")
+  names = list(fns)
+  first = {}
+  for name in names:
+    first[name] = _timed(fns[name])
+    for _ in range(warmup - 1):
+      _timed(fns[name])
+  times = {name: [] for name in names}
+  for r in range(rounds):
+    for i in range(len(names)):
+      name = names[(r + i) % len(names)]
+      times[name].append(_timed(fns[name]))
+  return {name: Timing(first_s=first[name], times_s=tuple(times[name])) for name in names}
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def synthetic_batch(rng: np.random.Generator, *, batch_size: int, source_len: int,
+                    target_len: int, vocab_size: int) -> dict[str, np.ndarray]:
+  """A full-length training batch: random piece ids (never PAD/BOS/EOS/UNK) ending in EOS."""
+  def rows(length):
+    tokens = rng.integers(4, vocab_size, size=(batch_size, length), dtype=np.int32)
+    tokens[:, -1] = EOS_ID
+    return tokens
+  return {"inputs": rows(source_len), "targets": rows(target_len)}
+
+
+class SuppressEOS(nn.Module):
+  """Wraps a model so ``decode_step`` never predicts EOS: every output has the full length.
+
+  For benchmarks with random weights: decoding then runs exactly ``max_decode_len``
+  steps, the same work as a peer told ``min_new_tokens = max_new_tokens``. The
+  wrapped model's parameters sit under ``"model"``: pass ``{"model": params}`` to
+  ``generate`` (``{"params": {"model": params}}`` to ``apply``). Teacher-forced
+  ``decode`` is masked the same way, so ``generate_uncached`` agrees with ``generate``.
+
+  Example:
+    >>> wrapped = SuppressEOS(model)
+    >>> tokens, _ = generate(wrapped, {"model": params}, inputs_BS,
+    ...                      DecodeConfig(max_decode_len=64))  # no EOS, all 64 tokens
+  """
+
+  model: nn.Module
+
+  def encode(self, inputs_BS: Array, **kwargs):
+    return self.model.encode(inputs_BS, **kwargs)
+
+  def decode(self, memory: PyTree, targets_BT: Array, **kwargs):
+    logits_BTV = self.model.decode(memory, targets_BT, **kwargs)
+    return logits_BTV.at[..., EOS_ID].set(NEG_INF)
+
+  def __call__(self, inputs_BS: Array, targets_BT: Array, **kwargs):
+    return self.decode(self.encode(inputs_BS), targets_BT, **kwargs)
+
+  def init_cache(self, memory: PyTree, max_decode_len: int):
+    return self.model.init_cache(memory, max_decode_len)
+
+  def decode_step(self, memory: PyTree, tokens_B: Array, cache: PyTree):
+    logits_BV, cache = self.model.decode_step(memory, tokens_B, cache)
+    return logits_BV.at[:, EOS_ID].set(NEG_INF), cache
+
+  @property
+  def config(self):
+    """The wrapped model's config (``generate`` reads its ``max_len``)."""
+    return self.model.config
+
+
+def synthetic_sources(rng: np.random.Generator, *, num_sentences: int, source_len: int,
+                      vocab_size: int) -> np.ndarray:
+  """int32 ``[N, S]`` source rows: random pieces then EOS, no padding."""
+  tokens = rng.integers(4, vocab_size, size=(num_sentences, source_len), dtype=np.int32)
+  tokens[:, -1] = EOS_ID
+  assert not (tokens == PAD_ID).any()
+  return tokens
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def machine_info() -> dict[str, Any]:
+  """What ran the benchmark: CPU model and count, backend, devices, library versions."""
+  cpu = platform.processor()
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        cpu = line.split(":", 1)[1].strip()
+        break
+  except OSError:
+    pass
+  import flax  # noqa: PLC0415 (only for its version)
+  return {"cpu": cpu, "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
+          "devices": [str(d) for d in jax.devices()], "python": platform.python_version(),
+          "jax": jax.__version__, "flax": flax.__version__, "quick": quick_mode(),
+          "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+  """A plain-text table of ``rows`` (dicts); floats get 4 significant digits."""
+  if not rows:
+    return "(no rows)"
+  columns = list(columns or rows[0].keys())
+
+  def cell(value):
+    if isinstance(value, float):
+      return f"{value:.4g}"
+    return str(value)
+
+  cells = [[cell(row.get(c, "")) for c in columns] for row in rows]
+  widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+  lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths)),
+           "  ".join("-" * w for w in widths)]
+  lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+  return "\n".join(lines)
+
+
+def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> pathlib.Path:
+  """Writes ``payload`` plus ``machine_info()`` as indented JSON; returns the path."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({"machine": machine_info(), **payload}, indent=2) + "\n")
+  return path
