@@ -11,8 +11,10 @@ VOCAB = 256  # small: multi30k_tiny fills it easily, and the output layer stays 
 
 
 @pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> DataConfig:
-  from conftest import shared_data  # tests/conftest.py: fails under CI when the data is missing
+def tiny_data(request, tmp_path_factory) -> DataConfig:
+  # tests/conftest.py's shared_data: skips locally, fails under CI when the data is missing.
+  shared_data = next(plugin.shared_data for plugin in request.config.pluginmanager.get_plugins()
+                     if callable(getattr(plugin, "shared_data", None)))
   return DataConfig(manual_dir=str(shared_data("multi30k_tiny")),
                     data_dir=str(tmp_path_factory.mktemp("tfds")), vocab_size=VOCAB,
                     max_source_len=32, max_target_len=32, too_long="truncate",

@@ -1,0 +1,181 @@
+"""The host loop on real multi30k_tiny batches: learning, run files, resume, faults."""
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from seq2seq_jax.checkpoints import Checkpointer, load_params
+from seq2seq_jax.data import pipeline
+from seq2seq_jax.training.loop import ConfigMismatchError, NonFiniteLossError, train
+from seq2seq_jax.training.optimizer import make_optimizer
+from seq2seq_jax.training.schedules import make_schedule
+from seq2seq_jax.training.step import (build_model, create_train_state, make_mesh,
+                                       make_train_step, shard_batch)
+from training.conftest import replace_train, tiny_experiment, tiny_rnn, tiny_transformer
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("model", ["transformer", "rnn"])
+def test_loss_falls_on_multi30k_tiny(model, tiny_data, tiny_tokenizer):
+  model_config = tiny_transformer() if model == "transformer" else tiny_rnn()
+  config = tiny_experiment(tiny_data, model=model_config, learning_rate=1e-2, warmup_steps=5)
+  mesh = make_mesh()
+  network = build_model(config.model)
+  schedule = make_schedule(config.train)
+  optimizer = make_optimizer(config.train, schedule)
+  state = create_train_state(network, optimizer, rng=jax.random.key(0), mesh=mesh)
+  step = make_train_step(network, optimizer, schedule, mesh=mesh, state=state,
+                         label_smoothing=0.1)
+  iterator = pipeline.make_train_iterator(tiny_data, tiny_tokenizer)
+  losses = []
+  for _ in range(30):
+    state, metrics = step(state, shard_batch(next(iterator), mesh), jax.random.key(1))
+    losses.append(float(metrics["loss"]))
+  assert math.log(tiny_tokenizer.vocab_size) - 0.5 < losses[0]  # starts near uniform
+  assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+
+
+def _lines(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _final(workdir):
+  params, _ = load_params(workdir / "checkpoints", step="latest")
+  with Checkpointer(workdir / "checkpoints") as checkpointer:
+    step = checkpointer.latest_step()
+  data_state = (workdir / "checkpoints" / str(step) / "data" / "process_0-of-1.json").read_text()
+  return step, params, json.loads(data_state)
+
+
+def _assert_same_run(workdir, reference):
+  step, params, data_state = _final(workdir)
+  ref_step, ref_params, ref_data_state = _final(reference)
+  assert step == ref_step
+  assert data_state == ref_data_state  # the next batches are the same
+  jax.tree.map(np.testing.assert_array_equal, params, ref_params)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_data, tiny_tokenizer, tmp_path_factory):
+  """An uninterrupted 12-step run: checkpoints at 4, 8, 12; BLEU at 12."""
+  config = tiny_experiment(tiny_data)
+  workdir = tmp_path_factory.mktemp("reference")
+  result = train(config, workdir, tokenizer=tiny_tokenizer, progress=False)
+  return config, workdir, result
+
+
+def test_run_files_and_metrics(reference_run):
+  config, workdir, result = reference_run
+  assert result.step == 12 and not result.interrupted and result.resumed_from is None
+  lines = _lines(workdir)
+  assert [line["step"] for line in lines] == [4, 8, 12]
+  assert all(line["log_every"] == 4 for line in lines)
+  assert lines[-1]["bleu"] >= 0 and "tok:13a" in lines[-1]["bleu_signature"]
+  assert np.isfinite(lines[-1]["val_loss"])
+  for key in ("loss", "learning_rate", "steps_per_sec", "tokens_per_sec"):
+    assert np.isfinite(lines[0][key]) and lines[0][key] > 0
+  assert json.loads((workdir / "config.json").read_text()) == config.to_dict()
+  info = json.loads((workdir / "run_info.json").read_text())
+  assert info["seed"] == config.train.seed
+  assert info["sessions"][0]["versions"]["jax"] == jax.__version__
+  assert "git" in info["sessions"][0]
+  assert (workdir / "tokenizer.model").exists()
+  assert result.best_step == 12 and result.best_bleu == lines[-1]["bleu"]
+
+
+def test_sigint_saves_and_a_rerun_resumes_exactly(reference_run, tmp_path, capsys):
+  config, reference, _ = reference_run
+
+  def interrupt_at_7(step, state):
+    if step == 7:
+      os.kill(os.getpid(), signal.SIGINT)
+    return state
+
+  first = train(config, tmp_path, step_hook=interrupt_at_7)
+  assert first.interrupted and first.step == 7
+  assert "Interrupted: saved checkpoint step 7" in capsys.readouterr().out
+  second = train(config, tmp_path)
+  assert "Resumed from checkpoint step 7" in capsys.readouterr().out
+  assert second.step == 12 and second.resumed_from == 7 and not second.interrupted
+  _assert_same_run(tmp_path, reference)
+  steps = [line["step"] for line in _lines(tmp_path)]
+  assert steps == [4, 7, 8, 12]
+  assert [line["log_every"] for line in _lines(tmp_path)] == [4, 3, 1, 4]
+
+
+def test_changed_config_is_refused_unless_restart(reference_run, tmp_path_factory):
+  config, reference, _ = reference_run
+  changed = replace_train(config, learning_rate=5e-3, warmup_steps=7)
+  with pytest.raises(ConfigMismatchError, match=r"train\.learning_rate: saved 0\.003, now 0\.005"
+                     r"(.|\n)*train\.warmup_steps(.|\n)*restart=True"):
+    train(changed, reference, progress=False)
+  other_model = tiny_experiment(config.data, model=tiny_rnn())
+  with pytest.raises(ConfigMismatchError, match=r"model\.kind: saved 'transformer', now 'rnn'"):
+    train(other_model, reference, progress=False)
+  # restart=True sets the old run aside (nothing deleted) and starts from step 0.
+  workdir = tmp_path_factory.mktemp("restart")
+  short = replace_train(config, num_steps=4)
+  train(short, workdir, progress=False)
+  result = train(replace_train(short, learning_rate=5e-3), workdir, restart=True, progress=False)
+  assert result.resumed_from is None and result.step == 4
+  assert list(workdir.glob("replaced-*/checkpoints/4"))
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(reference_run, tmp_path):
+  config, _, _ = reference_run
+
+  def poison_at_6(step, state):
+    if step == 6:
+      return state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    return state
+
+  with pytest.raises(NonFiniteLossError, match="at step 6.*last good checkpoint is step 4"):
+    train(config, tmp_path, step_hook=poison_at_6, progress=False)
+  params, _ = load_params(tmp_path / "checkpoints")
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+  with Checkpointer(tmp_path / "checkpoints") as checkpointer:
+    assert checkpointer.all_steps() == [4]
+
+
+def _subprocess(workdir, config_path, *signal_args):
+  env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", jax.config.jax_compilation_cache_dir or "")
+  return subprocess.run([sys.executable, str(HERE / "_run_train.py"), str(workdir),
+                         str(config_path), *signal_args], capture_output=True, text=True,
+                        timeout=300, env=env)
+
+
+@pytest.mark.slow
+def test_sigint_and_sigkill_of_real_processes(reference_run, tmp_path):
+  config, reference, _ = reference_run
+  config_path = tmp_path / "config.json"
+  config_path.write_text(json.dumps(config.to_dict()))
+  workdir = tmp_path / "run"
+  (workdir).mkdir()
+  # The tokenizer file makes the run use the reference's vocabulary without training one.
+  (workdir / "tokenizer.model").write_bytes((reference / "tokenizer.model").read_bytes())
+
+  interrupted = _subprocess(workdir, config_path, "SIGINT", "6")
+  assert interrupted.returncode == 0, interrupted.stderr[-3000:]
+  assert "Interrupted: saved checkpoint step 6" in interrupted.stdout
+
+  killed = _subprocess(workdir, config_path, "SIGKILL", "10")
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  assert "Resumed from checkpoint step 6" in killed.stdout
+  with Checkpointer(workdir / "checkpoints") as checkpointer:
+    assert checkpointer.latest_step() == 8  # steps 9 and 10 are lost, nothing else
+
+  resumed = _subprocess(workdir, config_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from checkpoint step 8" in resumed.stdout
+  _assert_same_run(workdir, reference)
+  assert [line["step"] for line in _lines(workdir)] == [4, 6, 8, 12]
