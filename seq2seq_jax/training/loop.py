@@ -349,6 +349,10 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
     window_start = time.perf_counter()
     window_first_step = step
     session_start, session_first_step = time.perf_counter(), step
+    if step >= num_steps and (workdir / "metrics.jsonl").exists():
+      lines = (workdir / "metrics.jsonl").read_text().splitlines()
+      last_train = json.loads(lines[-1]) if lines else {}  # a finished run: report its end
+      log(f"Nothing to do: the run already has {step} of {num_steps} steps")
     metrics_file = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
 
     with _Interrupt() as interrupt, metrics_file:
