@@ -10,9 +10,9 @@ from seq2seq_jax.decoding.beam import beam_search as beam_search
 from seq2seq_jax.decoding.beam import expand_to_beams as expand_to_beams
 from seq2seq_jax.decoding.beam import gather_beams as gather_beams
 from seq2seq_jax.decoding.beam import length_penalty as length_penalty
-from seq2seq_jax.decoding.generate import decode_length as decode_length
-from seq2seq_jax.decoding.generate import generate as generate
-from seq2seq_jax.decoding.generate import generate_uncached as generate_uncached
+from seq2seq_jax.decoding.generation import decode_length as decode_length
+from seq2seq_jax.decoding.generation import generate as generate
+from seq2seq_jax.decoding.generation import generate_uncached as generate_uncached
 from seq2seq_jax.decoding.greedy import greedy_search as greedy_search
 from seq2seq_jax.decoding.sampling import sample as sample
 from seq2seq_jax.decoding.sampling import sample_logprobs as sample_logprobs

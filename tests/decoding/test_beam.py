@@ -148,8 +148,7 @@ def test_search_stops_early_once_no_live_beam_can_win():
 
 # Against exhaustive search ------------------------------------------------------
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-@pytest.mark.parametrize("beam_size", [40, 9])
+@pytest.mark.parametrize("beam_size, alpha", [(40, 0.0), (40, 2.0), (9, 0.6)])
 def test_a_beam_as_wide_as_the_search_space_is_exhaustive(alpha, beam_size):
   # 3 words + EOS, at most 3 tokens: 1 + 3 + 9 outputs end in EOS, 27 run to the limit.
   # 9 beams already hold every live prefix, so the 9 best come out exactly too.
@@ -176,7 +175,7 @@ def test_slots_beyond_the_search_space_are_empty():
 
 # Against greedy -------------------------------------------------------------------
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("eos_from", [None, 4])
 def test_one_beam_without_length_penalty_is_greedy(seed, eos_from):
   # EOS cannot end a hypothesis early: it is impossible, or impossible before position 4

@@ -35,7 +35,7 @@ def expected_frequencies(temperature, top_k, top_p):
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [
-    (1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0), (1.0, 2, 1.0), (1.0, 0, 0.7), (1.5, 4, 0.8),
+    (1.0, 0, 1.0), (0.5, 0, 1.0), (1.0, 0, 0.7), (1.5, 4, 0.8),
 ])
 def test_sampling_frequencies_match_the_softmax(temperature, top_k, top_p):
   def step_fn(tokens_N, cache):
@@ -64,16 +64,17 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
   assert drawn == {1, 2}  # 0.5 alone < 0.75 <= 0.5 + 0.3
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=0.0), dict(temperature=1e-4),
-                                    dict(top_k=1), dict(top_k=1, top_p=0.3, temperature=3.0)])
-def test_limits_that_equal_greedy(kwargs):
+def test_limits_that_equal_greedy():
   toy = PrefixToy(seed=11, rows=4, max_len=8, eos_from=3, eos_boost=0.5)
   common = dict(batch_size=4, max_decode_len=8, bos_id=BOS_ID, eos_id=EOS_ID)
   greedy_BT, greedy_B = run_jit(greedy_search, toy.step_fn, toy.init_cache(), **common)
-  sampled_BT, sampled_B = run_jit(sample, toy.step_fn, toy.init_cache(), rng=jax.random.key(0),
-                                  **common, **kwargs)
-  np.testing.assert_array_equal(sampled_BT, greedy_BT)
-  np.testing.assert_allclose(sampled_B, greedy_B, rtol=1e-6)
+  assert len(set(map(tuple, np.asarray(greedy_BT)))) == 4
+  for kwargs in (dict(temperature=0.0), dict(temperature=1e-4), dict(top_k=1),
+                 dict(top_k=1, top_p=0.3, temperature=3.0)):
+    sampled_BT, sampled_B = run_jit(sample, toy.step_fn, toy.init_cache(),
+                                    rng=jax.random.key(0), **common, **kwargs)
+    np.testing.assert_array_equal(sampled_BT, greedy_BT, err_msg=str(kwargs))
+    np.testing.assert_allclose(sampled_B, greedy_B, rtol=1e-6, err_msg=str(kwargs))
 
 
 def test_sampling_ends_rows_at_eos_and_depends_on_the_seed():
