@@ -267,16 +267,26 @@ class Checkpointer:
     self.close()
 
 
-def _abstract_params(model_config, sharding=None) -> PyTree:
-  from seq2seq_jax.training.step import build_model, init_params  # training depends on us
+def _abstract_params(model_config, mesh=None, parameter_sharding: str = "replicated") -> PyTree:
+  """The parameters' shapes with their target shardings: on ``mesh`` by
+  ``parameter_sharding`` (see ``training.sharding``), else on the first device."""
+  # training depends on us: import it here.
+  from seq2seq_jax.training import sharding as sharding_lib
+  from seq2seq_jax.training.step import build_model, init_params
   model = build_model(model_config)
   shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
+  if mesh is None:
+    single = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree.map(lambda _: single, shapes)
+  else:
+    shardings = sharding_lib.tree_shardings(shapes, mesh, parameter_sharding)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                      shardings)
 
 
 def load_params(directory: str | os.PathLike, *, step: int | str | None = "latest",
-                model_config: Any = None) -> tuple[PyTree, ExperimentConfig]:
+                model_config: Any = None, mesh: jax.sharding.Mesh | None = None,
+                parameter_sharding: str = "replicated") -> tuple[PyTree, ExperimentConfig]:
   """Parameters and config of a checkpoint, for programs that only run the model.
 
   Args:
@@ -285,9 +295,12 @@ def load_params(directory: str | os.PathLike, *, step: int | str | None = "lates
     model_config: when given, the model the caller will run; a checkpoint of
       another architecture raises ``CheckpointError`` naming the difference.
       Default: the checkpoint's own ``config.model``.
+    mesh: restore onto this mesh (``training.sharding.make_mesh``), whatever
+      device count or mesh wrote the checkpoint; default: the first device.
+    parameter_sharding: with ``mesh``: ``"replicated"`` or ``"fsdp"``.
 
   Returns:
-    ``(params, config)``: parameters on the first device, and the saved config.
+    ``(params, config)``: parameters placed as asked, and the saved config.
 
   Example:
     >>> params, config = load_params("runs/m30k/checkpoints", step="best")
@@ -301,7 +314,7 @@ def load_params(directory: str | os.PathLike, *, step: int | str | None = "lates
           f"{checkpointer.directory}/{step} holds a {type(config.model).__name__} model "
           f"({config.model_kind}), not a {type(model_config).__name__}: build the model from the "
           "checkpoint's config")
-    abstract = _abstract_params(model_config or config.model)
+    abstract = _abstract_params(model_config or config.model, mesh, parameter_sharding)
     params = checkpointer.restore_params(abstract, step=step)
   return params, config
 

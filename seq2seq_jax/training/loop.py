@@ -54,6 +54,7 @@ from seq2seq_jax import evaluation
 from seq2seq_jax.configs import ExperimentConfig
 from seq2seq_jax.training import optimizer as optimizer_lib
 from seq2seq_jax.training import schedules
+from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training import step as step_lib
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
@@ -124,6 +125,17 @@ def _versions() -> dict[str, str | None]:
     except importlib.metadata.PackageNotFoundError:
       versions[name] = None
   return versions
+
+
+def _is_writer() -> bool:
+  """Process 0 writes the run's files; the others only write their checkpoint shards."""
+  return jax.process_index() == 0
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
 
 
 def _write_json(path: pathlib.Path, value: Any) -> None:
@@ -225,8 +237,10 @@ class _Validator:
           sums[key] += float(value)
       if len(hypotheses) < limit_sentences:
         tokens_BT, _ = generate(self._model, params, sharded["inputs"], self._config.decode)
-        texts = self._tokenizer.decode_batch(np.asarray(jax.device_get(tokens_BT)))
-        for index, text in zip(batch["index"].tolist(), texts):
+        indices_B, tokens_BT = _gather_rows(np.asarray(batch["index"]),
+                                            sharding_lib.process_local_rows(tokens_BT))
+        texts = self._tokenizer.decode_batch(tokens_BT)
+        for index, text in zip(indices_B.tolist(), texts):
           if index >= 0 and len(hypotheses) < limit_sentences:
             hypotheses[index] = text
       elif train.eval_batches and number >= train.eval_batches:
@@ -242,6 +256,20 @@ class _Validator:
     return out
 
 
+def _gather_rows(indices_B: np.ndarray, tokens_BT: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Every host's (sentence index, tokens) rows, on every host: BLEU sees the whole batch.
+
+  Each host decodes its own rows; all hosts then hold the same hypotheses and so
+  take the same decisions (how many batches to decode), which collectives need.
+  """
+  if jax.process_count() == 1:
+    return indices_B, tokens_BT
+  from jax.experimental import multihost_utils
+  rows = np.concatenate([indices_B[:, None].astype(tokens_BT.dtype), tokens_BT], axis=1)
+  rows = np.asarray(multihost_utils.process_allgather(rows, tiled=True))
+  return rows[:, 0].astype(np.int64), rows[:, 1:]
+
+
 def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
                     checkpointer: checkpoints_lib.Checkpointer, resume_step: int | None,
                     tokenizer):
@@ -252,8 +280,13 @@ def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
     if proto is not None:
       tokenizer = tokenizer_lib.Tokenizer.from_bytes(proto)
   if tokenizer is None:
-    tokenizer = tokenizer_lib.load_or_train_tokenizer(config.data, path)
-  if not path.exists():
+    # Process 0 trains (or loads) and saves it; the others then load that file.
+    if _is_writer():
+      tokenizer = tokenizer_lib.load_or_train_tokenizer(config.data, path)
+    _barrier("seq2seq_jax: tokenizer saved")
+    if tokenizer is None:
+      tokenizer = tokenizer_lib.load_or_train_tokenizer(config.data, path)
+  if not path.exists() and _is_writer():
     tokenizer.save(path)
   if tokenizer.vocab_size > config.model.vocab_size:
     raise ValueError(f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
@@ -263,8 +296,7 @@ def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
 
 def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool = False,
           tokenizer=None, progress: bool = True, step_hook: StepHook | None = None,
-          state_sharding_fn: step_lib.StateShardingFn = step_lib.replicated_state_sharding
-          ) -> TrainResult:
+          state_sharding_fn: step_lib.StateShardingFn | None = None) -> TrainResult:
   """Trains ``config.model`` on ``config.data`` for ``config.train.num_steps`` updates.
 
   Resumes from ``workdir/checkpoints`` when it holds a checkpoint of the same config.
@@ -279,7 +311,14 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
     progress: print a progress line at every logged step.
     step_hook: ``hook(step, state) -> state | None`` before update ``step`` (1-based);
       for experiments and fault-injection tests.
-    state_sharding_fn: where the state lives on the mesh (default: replicated).
+    state_sharding_fn: where the state lives on the mesh; default:
+      ``sharding.state_sharding_fn(config.train.parameter_sharding)`` on a mesh
+      whose ``model`` axis has ``config.train.model_parallelism`` devices.
+
+  Multi-host: call ``sharding.maybe_initialize_distributed()`` first (the command
+  line does); every process runs ``train`` with the same arguments and reads its
+  own rows of every batch; process 0 alone writes the run's files, all processes
+  write their shards of the checkpoints.
 
   Returns:
     A ``TrainResult``.
@@ -296,8 +335,9 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
   workdir.mkdir(parents=True, exist_ok=True)
   log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
 
-  if restart:
+  if restart and _is_writer():
     _set_aside(workdir)
+  _barrier("seq2seq_jax: workdir ready")
   checkpointer = checkpoints_lib.Checkpointer(workdir / "checkpoints",
                                               keep=train_config.keep_checkpoints)
   try:
@@ -312,7 +352,10 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
             "(--restart) to start over in this workdir, or use another workdir")
     tokenizer = _load_tokenizer(config, workdir, checkpointer, resume_step, tokenizer)
 
-    mesh = step_lib.make_mesh(train_config.model_parallelism)
+    sharding_lib.check_model_parallelism(config.model, train_config.model_parallelism)
+    mesh = sharding_lib.make_mesh(train_config.model_parallelism)
+    if state_sharding_fn is None:
+      state_sharding_fn = sharding_lib.state_sharding_fn(train_config.parameter_sharding)
     dtype = None if train_config.compute_dtype == "float32" else train_config.compute_dtype
     model = step_lib.build_model(config.model, compute_dtype=dtype)
     schedule = schedules.make_schedule(train_config)
@@ -327,12 +370,14 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
       abstract = step_lib.abstract_train_state(model, optimizer, mesh=mesh,
                                                state_sharding_fn=state_sharding_fn)
       state = checkpointer.restore(abstract, step=resume_step, data_iterator=iterator)
-      _trim_metrics(workdir / "metrics.jsonl", resume_step)
+      if _is_writer():
+        _trim_metrics(workdir / "metrics.jsonl", resume_step)
       log(f"Resumed from checkpoint step {resume_step} in {checkpointer.directory}")
     else:
       state = step_lib.create_train_state(model, optimizer, rng=jax.random.fold_in(root_rng, 0),
                                           mesh=mesh, state_sharding_fn=state_sharding_fn)
-    _record_session(workdir, config, resume_step, mesh)
+    if _is_writer():
+      _record_session(workdir, config, resume_step, mesh)
     dropout_rng = jax.random.fold_in(root_rng, 1)
     train_step = step_lib.make_train_step(
         model, optimizer, schedule, mesh=mesh, state=state,
@@ -353,7 +398,8 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
       lines = (workdir / "metrics.jsonl").read_text().splitlines()
       last_train = json.loads(lines[-1]) if lines else {}  # a finished run: report its end
       log(f"Nothing to do: the run already has {step} of {num_steps} steps")
-    metrics_file = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+    metrics_file = (open(workdir / "metrics.jsonl", "a", encoding="utf-8") if _is_writer()
+                    else open(os.devnull, "w", encoding="utf-8"))
 
     with _Interrupt() as interrupt, metrics_file:
       while step < num_steps:

@@ -3,9 +3,9 @@
 ``train_step(state, batch, rng) -> (state, metrics)`` is a pure function of
 arrays; ``make_train_step`` jits it with the state donated and every array
 placed by a ``NamedSharding`` on a ``("data", "model")`` mesh: batches split
-along ``data``, parameters replicated unless a ``state_sharding_fn`` says
-otherwise (the hook that FSDP / tensor parallelism plug into). The same
-program runs on one CPU or many devices.
+along ``data``, parameters as a ``state_sharding_fn`` says (replicated by
+default; ``sharding.state_sharding_fn("fsdp")`` for FSDP and tensor
+parallelism). The same program runs on one CPU, many devices or many hosts.
 
 Example:
   >>> mesh = make_mesh()
@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from seq2seq_jax.configs import RNNConfig
 from seq2seq_jax.models import registry
+from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training.losses import cross_entropy_sums
 from seq2seq_jax.types import Array, PRNGKey, PyTree
 
@@ -59,17 +60,8 @@ class TrainState:
 
 
 def make_mesh(model_parallelism: int = 1, devices=None) -> Mesh:
-  """A ``("data", "model")`` mesh over ``devices`` (default: all), with Auto axis types.
-
-  Auto axes, not jax 0.10's explicit default: a batch sharded ``P("data")`` then
-  flows through ``nn.Embed`` without sharding type errors.
-  """
-  devices = np.asarray(jax.devices() if devices is None else devices)
-  if devices.size % model_parallelism:
-    raise ValueError(f"TrainConfig.model_parallelism={model_parallelism} must divide the device "
-                     f"count {devices.size}")
-  grid = devices.reshape(devices.size // model_parallelism, model_parallelism)
-  return Mesh(grid, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  """A ``("data", "model")`` mesh with Auto axis types: ``sharding.make_mesh``."""
+  return sharding_lib.make_mesh(model_parallelism, devices)
 
 
 def replicated_state_sharding(abstract_state: Any, mesh: Mesh) -> Any:
@@ -95,8 +87,10 @@ def shard_batch(batch: Batch, mesh: Mesh) -> dict[str, Array]:
     value = np.asarray(value)
     if value.ndim == 0:
       continue  # scalars (e.g. a bucket id) are host-side information
-    if value.shape[0] % data_size:
-      raise ValueError(f"batch[{key!r}] has {value.shape[0]} rows, not a multiple of the mesh's "
+    # Every host holds the same number of rows, so the global batch has this many.
+    rows = value.shape[0] * jax.process_count()
+    if rows % data_size:
+      raise ValueError(f"batch[{key!r}] has {rows} rows in all, not a multiple of the mesh's "
                        f"data axis ({data_size} devices); set DataConfig.batch_multiple to a "
                        "multiple of the device count")
     out[key] = jax.make_array_from_process_local_data(sharding, value)
