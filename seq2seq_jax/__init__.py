@@ -1,30 +1,113 @@
 """seq2seq_jax: sequence-to-sequence models for machine translation in JAX and Flax.
 
-The public API is what ``__all__`` lists; everything else is private.
+The public API is what ``__all__`` lists. Models, configs and decoding import
+eagerly; the names that pull in orbax, grain and tensorflow-datasets (training,
+checkpoints, data, the Translator) load on first use, so ``import seq2seq_jax``
+stays quick for programs that only run a model.
 """
 
+import importlib
+
+from seq2seq_jax import decoding as decoding
 from seq2seq_jax import types as types
 from seq2seq_jax.configs import DataConfig as DataConfig
 from seq2seq_jax.configs import DecodeConfig as DecodeConfig
 from seq2seq_jax.configs import DecomposableAttentionConfig as DecomposableAttentionConfig
+from seq2seq_jax.configs import ExperimentConfig as ExperimentConfig
 from seq2seq_jax.configs import RNNConfig as RNNConfig
 from seq2seq_jax.configs import TrainConfig as TrainConfig
 from seq2seq_jax.configs import TransformerConfig as TransformerConfig
+from seq2seq_jax.decoding import StepFn as StepFn
+from seq2seq_jax.decoding import beam_search as beam_search
+from seq2seq_jax.decoding import expand_to_beams as expand_to_beams
+from seq2seq_jax.decoding import generate as generate
+from seq2seq_jax.decoding import generate_uncached as generate_uncached
+from seq2seq_jax.decoding import greedy_search as greedy_search
+from seq2seq_jax.decoding import sample as sample
 from seq2seq_jax.models.base import shift_right as shift_right
+from seq2seq_jax.models.decomposable import DecomposableAttention as DecomposableAttention
 from seq2seq_jax.models.registry import build_model as build_model
+from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq as RNNSeq2Seq
 from seq2seq_jax.models.transformer import Transformer as Transformer
+from seq2seq_jax.presets import apply_overrides as apply_overrides
+from seq2seq_jax.presets import get_preset as get_preset
 
 __version__ = "0.1.0"
 
+# name -> module that defines it; imported on first attribute access (PEP 562).
+_LAZY = {
+    "data": None,
+    "evaluation": None,
+    "visualization": None,
+    "Translator": "seq2seq_jax.translator",
+    "train": "seq2seq_jax.training.loop",
+    "TrainResult": "seq2seq_jax.training.loop",
+    "ConfigMismatchError": "seq2seq_jax.training.loop",
+    "NonFiniteLossError": "seq2seq_jax.training.loop",
+    "Checkpointer": "seq2seq_jax.checkpoints",
+    "CheckpointError": "seq2seq_jax.checkpoints",
+    "load_params": "seq2seq_jax.checkpoints",
+    "average_checkpoints": "seq2seq_jax.checkpoints",
+    "corpus_bleu": "seq2seq_jax.evaluation",
+    "corpus_chrf": "seq2seq_jax.evaluation",
+}
+
+
+def __getattr__(name: str):
+  if name not in _LAZY:
+    raise AttributeError(f"module 'seq2seq_jax' has no attribute {name!r}")
+  module = _LAZY[name]
+  value = (importlib.import_module(f"seq2seq_jax.{name}") if module is None
+           else getattr(importlib.import_module(module), name))
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
-    "types",
+    # configs
     "DataConfig",
     "DecodeConfig",
     "DecomposableAttentionConfig",
+    "ExperimentConfig",
     "RNNConfig",
     "TrainConfig",
     "TransformerConfig",
+    "get_preset",
+    "apply_overrides",
+    # models
     "Transformer",
+    "RNNSeq2Seq",
+    "DecomposableAttention",
     "build_model",
     "shift_right",
+    # decoding
+    "StepFn",
+    "beam_search",
+    "expand_to_beams",
+    "generate",
+    "generate_uncached",
+    "greedy_search",
+    "sample",
+    # training, checkpoints, use
+    "train",
+    "TrainResult",
+    "ConfigMismatchError",
+    "NonFiniteLossError",
+    "Checkpointer",
+    "CheckpointError",
+    "load_params",
+    "average_checkpoints",
+    "Translator",
+    "corpus_bleu",
+    "corpus_chrf",
+    # modules
+    "data",
+    "decoding",
+    "evaluation",
+    "types",
+    "visualization",
 ]

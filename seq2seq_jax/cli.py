@@ -1,20 +1,25 @@
-"""The ``seq2seq-jax`` command line: one subcommand per task (``prepare`` for now).
+"""The ``seq2seq-jax`` command line: ``prepare``, ``train``, ``evaluate``, ``translate``.
 
 Flags become configs here and nowhere else. Each subcommand is a function
-``run_NAME(args) -> exit status`` registered by ``_add_NAME(subparsers)``; add
-``train`` / ``evaluate`` / ``translate`` the same way.
+``run_NAME(args) -> exit status`` registered by ``_add_NAME(subparsers)``.
 
 Example:
   seq2seq-jax prepare --dataset multi30k --manual-dir ../shared/data/multi30k/raw
   seq2seq-jax prepare --dataset multi30k  # downloads the official files
   seq2seq-jax prepare --dataset parallel_text --manual-dir my_corpus --source-lang de \\
       --target-lang en --tokenizer runs/x/tokenizer.model --vocab-size 8000
+  seq2seq-jax train --preset multi30k_transformer --workdir runs/m30k \\
+      --set data.manual_dir=../shared/data/multi30k/raw --set train.num_steps=400
+  seq2seq-jax evaluate --workdir runs/m30k --split test_2016_flickr --beam-size 4
+  echo "Ein Hund rennt." | seq2seq-jax translate --workdir runs/m30k --beam-size 4
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -74,12 +79,205 @@ def run_prepare(args: argparse.Namespace) -> int:
   return 0
 
 
+def _add_train(subparsers) -> None:
+  from seq2seq_jax.presets import PRESETS
+  parser = subparsers.add_parser(
+      "train", help="train a model; rerunning the same command resumes it",
+      description="Trains a preset, changed with --set section.field=value (sections: model, "
+                  "data, train, decode). The workdir keeps config.json, metrics.jsonl, the "
+                  "tokenizer and checkpoints; rerunning the same command resumes from the latest "
+                  "checkpoint. Ctrl-C saves a checkpoint and stops.")
+  parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                      help="named config; default: the workdir's saved config.json when it has "
+                           "one, else multi30k_transformer")
+  parser.add_argument("--workdir", required=True, help="the run's folder")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="SECTION.FIELD=VALUE", help="change one config field (repeatable)")
+  parser.add_argument("--restart", action="store_true",
+                      help="start over although the workdir holds a run (its files are moved "
+                           "aside, not deleted)")
+  parser.add_argument("--quiet", action="store_true", help="no progress lines")
+  parser.set_defaults(run=run_train)
+
+
+def _train_config(args: argparse.Namespace):
+  from seq2seq_jax import configs, presets
+  saved = pathlib.Path(args.workdir) / "config.json"
+  if args.preset is None and saved.is_file():
+    try:
+      base = configs.ExperimentConfig.from_dict(json.loads(saved.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as error:
+      raise ValueError(f"{saved}: {error}; pass --preset to start from a preset instead") from None
+  else:
+    base = presets.get_preset(args.preset or "multi30k_transformer")
+  return presets.apply_overrides(base, args.overrides)
+
+
+def run_train(args: argparse.Namespace) -> int:
+  from seq2seq_jax.training import loop
+
+  config = _train_config(args)
+  start = time.perf_counter()
+  result = loop.train(config, args.workdir, restart=args.restart, progress=not args.quiet)
+  minutes = (time.perf_counter() - start) / 60
+  if result.interrupted:
+    print(f"interrupted at step {result.step} after {minutes:.1f} min; checkpoint saved. Rerun "
+          "the same command to resume.", file=sys.stderr)
+    return 130
+  summary = {k: result.metrics[k] for k in ("loss", "val_loss", "bleu") if k in result.metrics}
+  print(f"trained {result.step} steps in {minutes:.1f} min: "
+        + ", ".join(f"{k} {v:.4g}" for k, v in summary.items())
+        + (f"; best validation BLEU {result.best_bleu:.2f} at step {result.best_step}"
+           if result.best_bleu is not None else ""))
+  return 0
+
+
+def _add_decode_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--workdir", required=True, help="a training run's folder")
+  parser.add_argument("--checkpoint", default=None, metavar="best|latest|STEP",
+                      help="which checkpoint (default: best by validation BLEU, else latest)")
+  parser.add_argument("--beam-size", type=int, default=None,
+                      help="beam width; 1 = greedy (default: the run's decode config)")
+  parser.add_argument("--alpha", type=float, default=None,
+                      help="beam search length penalty exponent (default: the run's)")
+  parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded at once")
+
+
+def _translator(args: argparse.Namespace):
+  from seq2seq_jax.translator import Translator
+  step = args.checkpoint
+  if step is not None and step not in ("best", "latest"):
+    try:
+      step = int(step)
+    except ValueError:
+      raise ValueError(f"--checkpoint {step!r}: expected best, latest or a step number") from None
+  kwargs = {"batch_size": args.batch_size} if args.batch_size else {}
+  return Translator.from_workdir(args.workdir, step=step, **kwargs)
+
+
+def _add_evaluate(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "evaluate", help="translate a split and score it with sacreBLEU (BLEU, chrF)",
+      description="Translates an evaluation split of the run's corpus (or any --sources / "
+                  "--references files) and prints detokenized sacreBLEU BLEU and chrF; for "
+                  "Multi30k also BLEU against the official lowercased, tokenized references. "
+                  "Writes eval-SPLIT-STEP-METHOD.json and the hypotheses into WORKDIR/eval/.")
+  _add_decode_flags(parser)
+  parser.add_argument("--split", default=None,
+                      help="split of the run's corpus, e.g. val, test_2016_flickr (default: the "
+                           "run's data.eval_split)")
+  parser.add_argument("--sources", default=None, metavar="FILE",
+                      help="score these source sentences instead of a split (with --references)")
+  parser.add_argument("--references", default=None, metavar="FILE",
+                      help="reference translations of --sources, line by line")
+  parser.add_argument("--max-sentences", type=int, default=0, help="only the first N (0 = all)")
+  parser.add_argument("--show", type=int, default=0, metavar="N",
+                      help="also print N source / hypothesis / reference triples")
+  parser.set_defaults(run=run_evaluate)
+
+
+def _read_lines(path: str) -> list[str]:
+  from seq2seq_jax.data import text_files
+  return text_files.decode_lines(text_files.read_bytes(path), path)
+
+
+def _tokenized_references(data_config, split: str) -> pathlib.Path | None:
+  """Multi30k's official ``tok/{split}.lc.norm.tok.{lang}`` beside a local ``raw/`` copy."""
+  if data_config.dataset != "multi30k" or not data_config.manual_dir:
+    return None
+  path = (pathlib.Path(data_config.manual_dir).expanduser().parent / "tok"
+          / f"{split}.lc.norm.tok.{data_config.target_lang}")
+  return path if path.is_file() else None
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+  from seq2seq_jax import evaluation
+
+  if (args.sources is None) != (args.references is None):
+    raise ValueError("--sources and --references go together: give both files, or neither to "
+                     "evaluate a split of the run's corpus")
+  translator = _translator(args)
+  config = translator.config
+  if args.sources:
+    split = pathlib.Path(args.sources).name
+    sources, references = _read_lines(args.sources), _read_lines(args.references)
+    if len(sources) != len(references):
+      raise ValueError(f"{args.sources} has {len(sources)} lines but {args.references} has "
+                       f"{len(references)}: they must be aligned line by line")
+  else:
+    from seq2seq_jax.data import pipeline
+    split = args.split or config.data.eval_split
+    text = pipeline.load_eval_text(config.data, split)
+    sources, references = text.sources, text.references
+  limit = args.max_sentences or len(sources)
+  sources, references = sources[:limit], references[:limit]
+  decode = translator.decode_config
+  beam_size = args.beam_size if args.beam_size is not None else (
+      decode.beam_size if decode.method == "beam" else 1)
+  alpha = args.alpha if args.alpha is not None else decode.alpha
+  start = time.perf_counter()
+  hypotheses = translator.translate(sources, beam_size=beam_size, alpha=alpha)
+  seconds = time.perf_counter() - start
+  scores = [evaluation.corpus_bleu(hypotheses, references),
+            evaluation.corpus_chrf(hypotheses, references)]
+  tokenized = None if args.sources or args.max_sentences else _tokenized_references(config.data,
+                                                                                    split)
+  if tokenized is not None:
+    scores.append(evaluation.moses_tokenized_bleu(hypotheses, _read_lines(str(tokenized)),
+                                                  lang=config.data.target_lang))
+  method = "greedy" if beam_size == 1 else f"beam{beam_size}-alpha{alpha:g}"
+  pair = f"{config.data.source_lang}->{config.data.target_lang}"
+  print(f"{split} ({pair}, {len(sources)} sentences, checkpoint {translator.step}, {method}, "
+        f"{seconds:.1f} s):")
+  for score in scores:
+    print(f"  {score}")
+  for i in range(min(args.show, len(sources))):
+    print(f"\n  source:     {sources[i]}\n  hypothesis: {hypotheses[i]}\n"
+          f"  reference:  {references[i]}")
+  out_dir = pathlib.Path(args.workdir) / "eval"
+  out_dir.mkdir(parents=True, exist_ok=True)
+  name = f"eval-{split}-{translator.step}-{method}"
+  (out_dir / f"{name}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+  record = {
+      "split": split, "pair": pair, "sentences": len(sources), "checkpoint_step": translator.step,
+      "decode": {"method": "greedy" if beam_size == 1 else "beam", "beam_size": beam_size,
+                 "alpha": alpha, "max_decode_len": translator.max_decode_len(decode)},
+      "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}
+                 for s in scores},
+      "tokenized_references": str(tokenized) if tokenized else None,
+      "seconds": seconds, "hypotheses_file": str(out_dir / f"{name}.txt")}
+  (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+  return 0
+
+
+def _add_translate(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "translate", help="translate sentences from stdin, one per line, to stdout",
+      description="Reads sentences from standard input, one per line, and writes one "
+                  "translation per line; an empty line gives an empty line. A line longer than "
+                  "the model allows is truncated, with a warning on stderr.")
+  _add_decode_flags(parser)
+  parser.set_defaults(run=run_translate)
+
+
+def run_translate(args: argparse.Namespace) -> int:
+  translator = _translator(args)
+  lines = [line.rstrip("\r\n") for line in sys.stdin]
+  beam_size = args.beam_size
+  for translation in translator.translate(lines, beam_size=beam_size, alpha=args.alpha):
+    print(translation)
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="seq2seq-jax", description="Sequence-to-sequence models for machine translation.")
   parser.add_argument("--verbose", "-v", action="store_true", help="log at INFO level")
   subparsers = parser.add_subparsers(dest="command", required=True, title="commands")
   _add_prepare(subparsers)
+  _add_train(subparsers)
+  _add_evaluate(subparsers)
+  _add_translate(subparsers)
   return parser
 
 
@@ -94,11 +292,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                       format="%(levelname)s %(name)s: %(message)s")
   from seq2seq_jax.data.text_files import DataError
+  if args.command != "translate" and not args.verbose:
+    import tensorflow_datasets as tfds  # its per-split progress bars drown the training lines
+    tfds.disable_progress_bar()
   try:
     return args.run(args)
   except (DataError, ValueError, FileNotFoundError) as e:
+    # ValueError covers bad configs, ConfigMismatchError and CheckpointError.
     print(f"seq2seq-jax {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except FloatingPointError as e:  # NonFiniteLossError: the message names the step
+    print(f"seq2seq-jax {args.command}: error: {e}", file=sys.stderr)
+    return 3
 
 
 if __name__ == "__main__":

@@ -72,3 +72,29 @@ def perplexity(nll_sum: float, tokens: float) -> float:
   if tokens <= 0:
     raise ValueError(f"tokens={tokens}: perplexity needs at least one target token")
   return float(math.exp(min(nll_sum / tokens, 700.0)))
+
+
+def moses_tokenized_bleu(hypotheses: Sequence[str], tokenized_references: Sequence[str], *,
+                         lang: str) -> Score:
+  """BLEU the way older Multi30k papers report it: lowercased, Moses-tokenized text.
+
+  The hypotheses are punctuation-normalized, lowercased and Moses-tokenized
+  (sacremoses, with ``&apos;``-style escaping, as the official ``*.lc.norm.tok.*``
+  files are) and scored against such references without further tokenization.
+  Not comparable with the detokenized sacreBLEU figure: report both, and say which.
+
+  Args:
+    hypotheses: detokenized system outputs.
+    tokenized_references: lines of e.g. ``multi30k/tok/test_2016_flickr.lc.norm.tok.en``.
+    lang: the target language code (Moses tokenization rules differ by language).
+  """
+  from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+  hypotheses, references = _check(hypotheses, tokenized_references)
+  normalizer, tokenizer = MosesPunctNormalizer(lang), MosesTokenizer(lang)
+  tokenized = [tokenizer.tokenize(normalizer.normalize(h).lower(), escape=True, return_str=True)
+               for h in hypotheses]
+  metric = sacrebleu.metrics.BLEU(tokenize="none", force=True)
+  result = metric.corpus_score(tokenized, [references])
+  score = 0.0 if math.isnan(result.score) else float(result.score)
+  return Score("BLEU-lc.norm.tok", score, str(metric.get_signature()) + "|moses-lc", str(result))

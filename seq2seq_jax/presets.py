@@ -26,8 +26,8 @@ def _tiny_transformer() -> ExperimentConfig:
       model=TransformerConfig(vocab_size=500, model_dim=32, num_heads=2, mlp_dim=64,
                               num_encoder_layers=1, num_decoder_layers=1, max_len=64,
                               dropout_rate=0.0),
-      data=DataConfig(vocab_size=500, max_source_len=32, max_target_len=32,
-                      bucket_lengths=(16, 32), batch_tokens=512, eval_batch_size=16),
+      data=DataConfig(vocab_size=500, max_source_len=48, max_target_len=48,
+                      bucket_lengths=(16, 32, 48), batch_tokens=768, eval_batch_size=16),
       train=TrainConfig(num_steps=40, learning_rate=3e-3, warmup_steps=10, log_every=10,
                         eval_every=20, checkpoint_every=20, eval_bleu_sentences=16),
       decode=DecodeConfig(method="greedy", max_decode_len=32))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pathlib
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -64,31 +65,50 @@ class Translator:
     self.bucket_lengths = tuple(sorted({b for b in bucket_lengths if b < max_source_len}
                                        | {max_source_len}))
     self.batch_size = batch_size
+    self.config = None  # the ExperimentConfig, when loaded with from_workdir
+    self.step = None  # the checkpoint step, when loaded with from_workdir
     self.row_buckets = tuple(sorted({min(2 ** i, batch_size)
                                      for i in range(batch_size.bit_length() + 1)}))
 
   @classmethod
-  def from_workdir(cls, workdir: str | os.PathLike, *, step: int | None = None,
-                   best: bool = True, **kwargs) -> "Translator":
+  def from_workdir(cls, workdir: str | os.PathLike, *, step: int | str | None = None,
+                   **kwargs) -> "Translator":
     """Loads the model, parameters, tokenizer and settings a training run saved.
 
     Args:
-      workdir: the training run's directory.
-      step: a particular checkpoint step; by default the best by validation BLEU
-        (``best=True``) or else the latest.
+      workdir: the training run's directory (holding ``checkpoints/``).
+      step: ``"best"`` (highest validation BLEU), ``"latest"`` or a step number;
+        default: the best when a checkpoint has a validation BLEU, else the latest.
       **kwargs: overrides of the constructor's keyword arguments.
+
+    Raises:
+      CheckpointError: ``workdir`` holds no checkpoint (the message says where it looked).
     """
     from seq2seq_jax import checkpoints
+    from seq2seq_jax.data.tokenizer import Tokenizer
     from seq2seq_jax.models.registry import build_model
 
-    restored = checkpoints.restore_for_inference(workdir, step=step, best=best)
-    config = restored.config
+    directory = pathlib.Path(workdir).expanduser() / "checkpoints"
+    if not directory.is_dir():
+      raise checkpoints.CheckpointError(
+          f"{directory} does not exist: {workdir} is not a training run's workdir; train first "
+          "(seq2seq-jax train --workdir ...) or point to the right folder")
+    with checkpoints.Checkpointer(directory, keep=1, async_save=False) as checkpointer:
+      if step is None:
+        step = "best" if checkpointer.best_step() is not None else "latest"
+      step = checkpointer.resolve_step(step)
+      proto = checkpointer.load_tokenizer_bytes(step)
+    if proto is None:
+      raise checkpoints.CheckpointError(f"{directory}/{step} holds no tokenizer")
+    params, config = checkpoints.load_params(directory, step=step)
     options = dict(decode_config=config.decode,
-                   max_source_len=min(config.model.max_len, config.data.bucket_lengths[-1]),
+                   max_source_len=min(config.model.max_len, config.data.max_source_len),
                    bucket_lengths=config.data.bucket_lengths,
                    batch_size=config.data.eval_batch_size)
     options.update(kwargs)
-    return cls(build_model(config.model), restored.params, restored.tokenizer, **options)
+    translator = cls(build_model(config.model), params, Tokenizer.from_bytes(proto), **options)
+    translator.config, translator.step = config, step
+    return translator
 
   def max_decode_len(self, config: DecodeConfig) -> int:
     """The output limit used for every batch: the ratio applied to ``max_source_len``."""
