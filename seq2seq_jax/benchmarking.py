@@ -245,6 +245,77 @@ def synthetic_batch(rng: np.random.Generator, *, batch_size: int, source_len: in
   return {"inputs": rows(source_len), "targets": rows(target_len)}
 
 
+@dataclasses.dataclass
+class TrainStepRunner:
+  """A ready training step on fixed synthetic data: ``runner()`` runs one update.
+
+  Built by ``make_train_step_runner``; ``runner.state`` advances with each call
+  (the step donates its input state). ``runner.model`` and ``runner.params`` give
+  what the FLOP counters need.
+  """
+
+  model: nn.Module
+  state: Any
+  step: Callable[..., Any]
+  batch: dict[str, Array]
+  rng: Array
+  tokens: int  # target tokens per batch, padding included
+
+  @property
+  def params(self) -> PyTree:
+    return self.state.params
+
+  def __call__(self) -> dict[str, Array]:
+    self.state, metrics = self.step(self.state, self.batch, self.rng)
+    return metrics
+
+
+def make_train_step_runner(model_config: Any, *, batch_size: int, source_len: int,
+                           target_len: int, train_config: Any = None,
+                           device: Any = None) -> TrainStepRunner:
+  """The library's jitted, donated train step on one device and a full synthetic batch.
+
+  Args:
+    model_config: a ``TransformerConfig`` or ``RNNConfig``.
+    batch_size, source_len, target_len: the batch shape (no padding).
+    train_config: optimiser settings (default: ``TrainConfig(label_smoothing=0.1)``, clipping on).
+    device: the one device to run on (default: the first).
+  """
+  from seq2seq_jax.configs import TrainConfig  # noqa: PLC0415 (keeps the import graph light)
+  from seq2seq_jax.training import step as train_lib  # noqa: PLC0415
+  from seq2seq_jax.training.optimizer import make_optimizer  # noqa: PLC0415
+  from seq2seq_jax.training.schedules import make_schedule  # noqa: PLC0415
+
+  train_config = train_config or TrainConfig(label_smoothing=0.1, warmup_steps=100)
+  mesh = train_lib.make_mesh(devices=[device or jax.devices()[0]])
+  model = train_lib.build_model(model_config)
+  schedule = make_schedule(train_config)
+  optimizer = make_optimizer(train_config, schedule)
+  state = train_lib.create_train_state(model, optimizer, rng=jax.random.key(0), mesh=mesh)
+  step = train_lib.make_train_step(model, optimizer, schedule, mesh=mesh, state=state,
+                                   label_smoothing=train_config.label_smoothing)
+  host_batch = synthetic_batch(np.random.default_rng(0), batch_size=batch_size,
+                               source_len=source_len, target_len=target_len,
+                               vocab_size=model_config.vocab_size)
+  return TrainStepRunner(model=model, state=state, step=step,
+                         batch=train_lib.shard_batch(host_batch, mesh), rng=jax.random.key(1),
+                         tokens=batch_size * target_len)
+
+
+def model_train_flops_per_token(runner: TrainStepRunner, *, batch_size: int, source_len: int,
+                                target_len: int) -> tuple[float, str]:
+  """Training FLOPs per target token: the config formula for a Transformer, else the jaxpr.
+
+  Returns ``(flops, "config formula" | "jaxpr count")``.
+  """
+  config = runner.model.config
+  if isinstance(config, TransformerConfig):
+    return (transformer_flops_per_token(config, source_len=source_len, target_len=target_len),
+            "config formula")
+  return (train_flops_per_token(runner.model, runner.params, batch_size=batch_size,
+                                source_len=source_len, target_len=target_len), "jaxpr count")
+
+
 class SuppressEOS(nn.Module):
   """Wraps a model so ``decode_step`` never predicts EOS: every output has the full length.
 

@@ -1,0 +1,117 @@
+"""Decoding throughput: sentences/s and tokens/s, cached ``generate`` against ``generate_uncached``.
+
+T-small with random weights wrapped in ``SuppressEOS``, so every output runs to the
+forced length (16, 64 and 256 tokens): greedy and beam 4, the KV-cached decoder
+against the reference that re-runs the whole decoder every step, timed alternately
+in one run. The uncached decoder's cost grows with the square of the length; at
+256 tokens it runs a smaller batch (greedy only) so the script finishes.
+
+  python benchmarks/decode_throughput.py [--out FILE.json] [--plot FILE.png]
+  SEQ2SEQ_JAX_QUICK=1 python benchmarks/decode_throughput.py   # tiny sizes, for CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seq2seq_jax import DecodeConfig, TransformerConfig, benchmarking, build_model
+from seq2seq_jax.decoding import generate, generate_uncached
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def settings(quick: bool) -> dict:
+  """Model, batch and lengths; tiny in quick mode."""
+  if quick:
+    return dict(config=TransformerConfig(vocab_size=500, model_dim=32, num_heads=2, mlp_dim=64,
+                                         num_encoder_layers=1, num_decoder_layers=1, max_len=64),
+                batch=4, source_len=8, lengths=(8, 16), rounds=2,
+                uncached_batch={8: 4, 16: 2}, uncached_beam_max=16)
+  return dict(config=TransformerConfig(vocab_size=8000, model_dim=256, num_heads=4, mlp_dim=1024,
+                                       num_encoder_layers=3, num_decoder_layers=3, max_len=256),
+              batch=32, source_len=20, lengths=(16, 64, 256), rounds=3,
+              uncached_batch={16: 32, 64: 32, 256: 4}, uncached_beam_max=64)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", type=pathlib.Path,
+                      default=HERE / "results" / "decode_throughput.json")
+  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  args = parser.parse_args()
+  s = settings(benchmarking.quick_mode())
+  config = s["config"]
+  model = benchmarking.SuppressEOS(build_model(config))
+  params = {"model": build_model(config).init(jax.random.key(0), jnp.ones((1, 4), jnp.int32),
+                                              jnp.ones((1, 3), jnp.int32))["params"]}
+  sources = benchmarking.synthetic_sources(np.random.default_rng(0), num_sentences=s["batch"],
+                                           source_len=s["source_len"],
+                                           vocab_size=config.vocab_size)
+  rows = []
+  for length in s["lengths"]:
+    for method in ("greedy", "beam"):
+      decode_config = DecodeConfig(method=method, beam_size=4, max_decode_len=length)
+      batches = {"cached": s["batch"]}
+      if method == "greedy" or length <= s["uncached_beam_max"]:
+        batches["uncached"] = s["uncached_batch"][length]
+      decoders = {"cached": generate, "uncached": generate_uncached}
+      fns = {name: (lambda fn=decoders[name], src=sources[:rows_]: fn(model, params, src,
+                                                                      decode_config))
+             for name, rows_ in batches.items()}
+      timings = benchmarking.time_interleaved(fns, rounds=s["rounds"])
+      tokens, _ = generate(model, params, sources[:1], decode_config)
+      assert tokens.shape == (1, length) and not np.any(np.asarray(tokens) == 2)
+      label = "greedy" if method == "greedy" else "beam4"
+      for name, timing in timings.items():
+        sentences_per_s = batches[name] / timing.median_s
+        rows.append({"length": length, "method": label, "decoder": name,
+                     "batch": batches[name], "sentences/s": sentences_per_s,
+                     "tokens/s": sentences_per_s * length, "median_s": timing.median_s,
+                     "compile_s": timing.first_s, "timing": timing.to_dict()})
+      if "uncached" in timings:
+        cached, uncached = rows[-2], rows[-1]
+        cached["speedup"] = cached["tokens/s"] / uncached["tokens/s"]
+
+  print(f"{type(model.model).__name__} d={config.model_dim} "
+        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, vocab "
+        f"{config.vocab_size}, {s['batch']} sources of {s['source_len']} tokens, EOS suppressed")
+  print(benchmarking.format_table(rows, ["length", "method", "decoder", "batch", "sentences/s",
+                                         "tokens/s", "speedup", "median_s", "compile_s"]))
+  path = benchmarking.write_json(args.out, {"benchmark": "decode_throughput",
+                                            "model": config.__dict__, "rows": rows})
+  print(f"wrote {path}")
+  if args.plot:
+    plot(rows, args.plot)
+    print(f"wrote {args.plot}")
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+  import matplotlib  # noqa: PLC0415 (plots are optional)
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for method in ("greedy", "beam4"):
+    for decoder, style in (("cached", "-o"), ("uncached", "--s")):
+      points = [(r["length"], r["tokens/s"]) for r in rows
+                if r["method"] == method and r["decoder"] == decoder]
+      if points:
+        ax.plot(*zip(*points), style, label=f"{method} {decoder}")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("output tokens per sentence")
+  ax.set_ylabel("generated tokens / s")
+  ax.set_title("cached vs uncached decoding")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  main()
