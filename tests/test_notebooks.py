@@ -1,0 +1,233 @@
+"""The colabs: each runs top to bottom in quick mode, shows a library plot, uses only the public API.
+
+The quick-mode runs are marked slow (about one to two minutes each on 2 CPU cores);
+the static checks of imports, the badge and the committed outputs are fast.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import os
+import pathlib
+import re
+import time
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+COLABS = REPO_ROOT / "colabs"
+NAMES = ["01_encoder_decoder_rnn", "02_attention_alignment", "03_transformer",
+         "04_translate_multi30k", "05_decomposable_attention"]
+PLACEHOLDER_OR_URL = re.compile(r'^REPO_URL = "(https://github\.com/[^"]+)"', re.M)
+# Model and training logic lives in the library: a notebook that needs these is doing its work.
+FORBIDDEN_MODULES = ("matplotlib", "flax", "optax", "orbax", "grain", "tensorflow_datasets",
+                     "sentencepiece", "sacrebleu")
+MAX_NOTEBOOK_BYTES = 2_000_000
+
+
+def _read(name: str):
+  return nbformat.read(COLABS / f"{name}.ipynb", as_version=4)
+
+
+def _code(notebook) -> str:
+  """The code cells as one Python source; IPython magics and shell lines are dropped."""
+  lines = []
+  for cell in notebook.cells:
+    if cell.cell_type == "code":
+      lines += [line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+  return "\n".join(lines)
+
+
+def _is_public_module(module: str) -> bool:
+  return module.split(".")[0] == "seq2seq_jax" and not any(
+      part.startswith("_") for part in module.split("."))
+
+
+def _is_submodule(module: str, name: str) -> bool:
+  try:
+    return importlib.util.find_spec(f"{module}.{name}") is not None
+  except ModuleNotFoundError:
+    return False
+
+
+def api_violations(source: str) -> list[str]:
+  """What in ``source`` reaches past seq2seq_jax's public API or does the library's work.
+
+  Public: modules of ``seq2seq_jax`` with no ``_``-prefixed part; names taken from a
+  module with ``__all__`` must be listed there (or be a public submodule); others
+  must exist and not start with ``_``. Class definitions and imports of the
+  plotting and training stack (``FORBIDDEN_MODULES``) are violations too: models,
+  training and plots belong in the library.
+  """
+  problems = []
+  seq2seq_aliases = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ClassDef):
+      problems.append(f"line {node.lineno}: defines class {node.name}; put it in the library")
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.split(".")[0] in FORBIDDEN_MODULES:
+          problems.append(f"line {node.lineno}: imports {alias.name}")
+        elif alias.name.split(".")[0] == "seq2seq_jax":
+          if not _is_public_module(alias.name):
+            problems.append(f"line {node.lineno}: imports private module {alias.name}")
+          seq2seq_aliases.add(alias.asname or alias.name.split(".")[0])
+    elif isinstance(node, ast.ImportFrom):
+      module = node.module or ""
+      if module.split(".")[0] in FORBIDDEN_MODULES:
+        problems.append(f"line {node.lineno}: imports from {module}")
+        continue
+      if module.split(".")[0] != "seq2seq_jax":
+        continue
+      if not _is_public_module(module):
+        problems.append(f"line {node.lineno}: imports from private module {module}")
+        continue
+      loaded = importlib.import_module(module)
+      public = getattr(loaded, "__all__", None)
+      for alias in node.names:
+        name = alias.name
+        if name == "*":
+          problems.append(f"line {node.lineno}: star import from {module}")
+        elif _is_submodule(module, name) and not name.startswith("_"):
+          seq2seq_aliases.add(alias.asname or name)
+        elif public is not None and name not in public:
+          problems.append(f"line {node.lineno}: {module}.{name} is not in {module}.__all__")
+        elif name.startswith("_") or not hasattr(loaded, name):
+          problems.append(f"line {node.lineno}: {module}.{name} is private or missing")
+    elif (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+          and not node.attr.startswith("__")):
+      base = node.value
+      while isinstance(base, ast.Attribute):
+        base = base.value
+      if isinstance(base, ast.Name) and base.id in seq2seq_aliases:
+        problems.append(f"line {node.lineno}: uses private attribute {node.attr}")
+  return problems
+
+
+def test_all_notebooks_are_there():
+  assert sorted(p.stem for p in COLABS.glob("[0-9][0-9]_*.ipynb")) == NAMES
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from seq2seq_jax.models.rnn_seq2seq import _DecoderStep", "private or missing"),
+    ("from seq2seq_jax.data import builders_missing_name", "not in seq2seq_jax.data.__all__"),
+    ("from seq2seq_jax.training import train_pair_classifier_nowhere", "__all__"),
+    ("import seq2seq_jax._private", "private module"),
+    ("from seq2seq_jax import _version", "not in seq2seq_jax.__all__"),
+    ("import seq2seq_jax as s2s\ns2s.presets._SECTIONS", "private attribute _SECTIONS"),
+    ("import matplotlib.pyplot as plt", "imports matplotlib"),
+    ("import flax.linen as nn\nclass Model(nn.Module): pass", "defines class Model"),
+])
+def test_api_checker_flags_what_it_should(source, expected):
+  problems = api_violations(source)
+  assert any(expected in problem for problem in problems), problems
+
+
+def test_api_checker_accepts_the_public_api():
+  source = ("import seq2seq_jax as s2s\nfrom seq2seq_jax import presets, build_model\n"
+            "from seq2seq_jax.data import load_eval_text, pair_task\n"
+            "from seq2seq_jax.training import train\nfrom seq2seq_jax import visualization as viz")
+  assert api_violations(source) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_uses_only_the_public_api(name):
+  assert api_violations(_code(_read(name))) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_badge_and_install_read_one_repo_url(name, colabs_builder_module):
+  notebook = _read(name)
+  REPO_URL = colabs_builder_module.REPO_URL  # the builder is the one place the URL is set
+  badge = notebook.cells[0]
+  assert badge.cell_type == "markdown" and "colab-badge.svg" in badge.source
+  path = REPO_URL.removeprefix("https://github.com/")
+  assert f"colab.research.google.com/github/{path}/blob/main/colabs/{name}.ipynb" in badge.source
+  setup = notebook.cells[1]
+  assert setup.cell_type == "code"
+  assert PLACEHOLDER_OR_URL.findall(setup.source) == [REPO_URL]
+  assert 'f"git+{REPO_URL}"' in setup.source and 'find_spec("seq2seq_jax")' in setup.source
+  # The address appears nowhere else in the code: the setup cell's variable is the one source.
+  assert _code(notebook).count(REPO_URL) == 1
+  assert "SEQ2SEQ_JAX_QUICK" in notebook.cells[2].source
+
+
+@pytest.fixture(scope="module", autouse=True)
+def colabs_builder_module():
+  """Imports colabs/build_notebooks.py as ``colabs_builder``."""
+  import sys
+  spec = importlib.util.spec_from_file_location("colabs_builder", COLABS / "build_notebooks.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["colabs_builder"] = module
+  spec.loader.exec_module(module)
+  yield module
+  sys.modules.pop("colabs_builder", None)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_sources_match_the_builder(name, colabs_builder_module):
+  """The committed sources are what the builder writes (edit the builder, not the notebook)."""
+  built = colabs_builder_module.build(name)
+  committed = _read(name)
+  assert [c.source for c in committed.cells] == [c.source for c in built.cells]
+
+
+def _library_images(notebook) -> list[int]:
+  """Indices of code cells that call a visualization function and displayed a PNG."""
+  found = []
+  for index, cell in enumerate(notebook.cells):
+    if cell.cell_type != "code" or not re.search(r"\bviz\.plot_\w+\(", cell.source):
+      continue
+    if any("image/png" in output.get("data", {}) for output in cell.get("outputs", [])):
+      found.append(index)
+  return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_outputs_come_from_a_full_run(name):
+  path = COLABS / f"{name}.ipynb"
+  assert path.stat().st_size < MAX_NOTEBOOK_BYTES, f"{path} is {path.stat().st_size} bytes"
+  notebook = _read(name)
+  assert _library_images(notebook), f"{name}: no committed plot from seq2seq_jax.visualization"
+  last = "".join(output.get("text", "") for output in notebook.cells[-1].get("outputs", []))
+  assert re.search(r"notebook ran in [\d.]+ minutes \(full mode\)", last), last
+  for cell in notebook.cells:
+    for output in cell.get("outputs", []):
+      assert output.output_type != "error", f"{name}: committed with an error"
+
+
+def _kernel_env() -> dict[str, str]:
+  """The notebook kernel's environment: quick mode, one CPU device as a user would have."""
+  flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                 os.environ.get("XLA_FLAGS", "")).strip()
+  return {"SEQ2SEQ_JAX_QUICK": "1", "XLA_FLAGS": flags,
+          "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                                      str(REPO_ROOT / ".cache" / "jax"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_in_quick_mode(name, monkeypatch, tmp_path):
+  nbclient = pytest.importorskip("nbclient")
+  pytest.importorskip("ipykernel")
+  for key, value in _kernel_env().items():
+    monkeypatch.setenv(key, value)
+  notebook = _read(name)
+  for cell in notebook.cells:
+    if cell.cell_type == "code":
+      cell.outputs, cell.execution_count = [], None
+  start = time.time()
+  # kernel "python3" with argv "python": jupyter_client runs it with this interpreter.
+  client = nbclient.NotebookClient(notebook, kernel_name="python3", timeout=600,
+                                   resources={"metadata": {"path": str(COLABS)}})
+  client.execute()  # raises CellExecutionError naming the cell on any error
+  minutes = (time.time() - start) / 60
+  nbformat.write(notebook, tmp_path / f"{name}.ipynb")  # left for inspection on failure
+  assert _library_images(notebook), f"{name}: no plot from seq2seq_jax.visualization was shown"
+  last = "".join(output.get("text", "") for output in notebook.cells[-1].outputs)
+  assert "(quick mode)" in last, last
+  print(f"{name}: {minutes:.1f} min in quick mode")
