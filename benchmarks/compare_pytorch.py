@@ -45,7 +45,7 @@ def settings(quick: bool) -> dict:
                 train_batch=8, train_len=8, train_rounds=3,
                 sentences=16, source_len=8, decode_batch=8, output_len=8, decode_rounds=2)
   return dict(model=dict(vocab_size=8000, model_dim=256, num_heads=4, mlp_dim=1024, layers=3),
-              train_batch=64, train_len=24, train_rounds=10,
+              train_batch=64, train_len=24, train_rounds=7,
               sentences=256, source_len=20, decode_batch=32, output_len=24, decode_rounds=3)
 
 

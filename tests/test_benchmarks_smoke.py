@@ -1,0 +1,85 @@
+"""Every benchmark script runs in quick mode and writes valid JSON; speed is never asserted.
+
+Each script runs as a subprocess with ``SEQ2SEQ_JAX_QUICK=1`` (tiny models, a few
+steps), as CI runs it. ``compare_pytorch.py`` needs the optional ``bench`` extra
+(torch, transformers, ctranslate2), which CI does not install: its test is skipped,
+never failed, when torch cannot be imported here.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+HAS_TORCH = importlib.util.find_spec("torch") is not None and (
+    importlib.util.find_spec("transformers") is not None)
+
+
+def _run(script: str, tmp_path: pathlib.Path) -> dict:
+  out = tmp_path / f"{script}.json"
+  plot = tmp_path / f"{script}.png"
+  env = dict(os.environ, SEQ2SEQ_JAX_QUICK="1")
+  # One host device, as a user runs the scripts (conftest forces 8 for the sharding tests).
+  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
+      "--xla_force_host_platform_device_count=8", "").strip()
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", str(BENCHMARKS.parent / ".cache" / "jax"))
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  result = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--out", str(out),
+                           "--plot", str(plot)], env=env, capture_output=True, text=True,
+                          timeout=900)
+  assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+  payload = json.loads(out.read_text())
+  assert payload["benchmark"] == script
+  assert payload["machine"]["quick"] is True
+  assert plot.stat().st_size > 0
+  return payload
+
+
+def _check_rows(rows: list[dict], rate_key: str) -> None:
+  assert rows
+  for row in rows:
+    assert row[rate_key] > 0
+    assert len(row["timing"]["times_s"]) >= 1
+
+
+@pytest.mark.slow
+def test_train_throughput_quick(tmp_path):
+  payload = _run("train_throughput", tmp_path)
+  _check_rows(payload["rows"], "tokens/s")
+  assert {r["model"] for r in payload["rows"]} == {"T-tiny", "RNN-tiny"}
+  assert payload["peak_flops"] > 0
+  assert all(0 < r["MFU"] for r in payload["rows"])
+
+
+@pytest.mark.slow
+def test_decode_throughput_quick(tmp_path):
+  payload = _run("decode_throughput", tmp_path)
+  _check_rows(payload["rows"], "tokens/s")
+  assert {(r["method"], r["decoder"]) for r in payload["rows"]} == {
+      ("greedy", "cached"), ("greedy", "uncached"), ("beam4", "cached"), ("beam4", "uncached")}
+
+
+@pytest.mark.slow
+def test_rnn_vs_transformer_quick(tmp_path):
+  payload = _run("rnn_vs_transformer", tmp_path)
+  _check_rows(payload["rows"], "step_ms")
+  assert {r["model"] for r in payload["rows"]} == {"RNN", "Transformer"}
+  assert len({r["length"] for r in payload["rows"]}) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TORCH, reason="compare_pytorch needs the optional 'bench' extra "
+                    "(torch, transformers), which CI does not install")
+def test_compare_pytorch_quick(tmp_path):
+  payload = _run("compare_pytorch", tmp_path)
+  _check_rows(payload["rows"], "tokens/s")
+  systems = {(r["task"], r["system"]) for r in payload["rows"]}
+  assert ("train", "torch eager") in systems and ("greedy", "HF MarianMT") in systems
+  # Every peer produced the forced output length.
+  lengths = {r["output_len"] for r in payload["rows"] if r["task"] != "train"}
+  assert lengths == {payload["settings"]["output_len"]}
