@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 
-.PHONY: setup train test test-fast clean
+.PHONY: setup train test test-fast bench bench-quick clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -m "not slow" tests
+
+# Benchmarks (see benchmarks/RESULTS.md). compare_pytorch.py needs the bench extra:
+# `$(PY) -m pip install torch==2.13.0` first (the CPU wheel), then `-e ".[bench]"`.
+BENCH_SCRIPTS := train_throughput decode_throughput rnn_vs_transformer
+bench: $(STAMP)
+	for s in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$s.py --plot benchmarks/results/$$s.png || exit 1; done
+
+bench-quick: $(STAMP)
+	for s in $(BENCH_SCRIPTS); do SEQ2SEQ_JAX_QUICK=1 $(PY) benchmarks/$$s.py --out /tmp/seq2seq_jax_bench_$$s.json || exit 1; done
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -36,6 +36,7 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; imported on first attribute access (PEP 562).
 _LAZY = {
+    "benchmarking": None,
     "data": None,
     "evaluation": None,
     "visualization": None,
@@ -105,6 +106,7 @@ __all__ = [
     "corpus_bleu",
     "corpus_chrf",
     # modules
+    "benchmarking",
     "data",
     "decoding",
     "evaluation",
