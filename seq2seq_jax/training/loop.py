@@ -133,9 +133,7 @@ def _is_writer() -> bool:
 
 
 def _barrier(name: str) -> None:
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(name)
+  sharding_lib.sync_processes(name)
 
 
 def _write_json(path: pathlib.Path, value: Any) -> None:
@@ -223,6 +221,9 @@ class _Validator:
                                                shard_count=jax.process_count())
     self._references = pipeline.load_eval_text(config.data).references
     self._eval_step = step_lib.make_eval_step(model, mesh=mesh, params=params)
+    # Decoded rows back where their sources were (generate's own output sharding
+    # may differ, e.g. under FSDP), so each host reads exactly its own rows.
+    self._to_rows = jax.jit(lambda x: x, out_shardings=step_lib.batch_sharding(mesh))
 
   def __call__(self, params) -> dict[str, Any]:
     from seq2seq_jax.decoding import generate
@@ -237,8 +238,8 @@ class _Validator:
           sums[key] += float(value)
       if len(hypotheses) < limit_sentences:
         tokens_BT, _ = generate(self._model, params, sharded["inputs"], self._config.decode)
-        indices_B, tokens_BT = _gather_rows(np.asarray(batch["index"]),
-                                            sharding_lib.process_local_rows(tokens_BT))
+        indices_B, tokens_BT = _gather_rows(
+            np.asarray(batch["index"]), sharding_lib.process_local_rows(self._to_rows(tokens_BT)))
         texts = self._tokenizer.decode_batch(tokens_BT)
         for index, text in zip(indices_B.tolist(), texts):
           if index >= 0 and len(hypotheses) < limit_sentences:
@@ -268,6 +269,20 @@ def _gather_rows(indices_B: np.ndarray, tokens_BT: np.ndarray) -> tuple[np.ndarr
   rows = np.concatenate([indices_B[:, None].astype(tokens_BT.dtype), tokens_BT], axis=1)
   rows = np.asarray(multihost_utils.process_allgather(rows, tiled=True))
   return rows[:, 0].astype(np.int64), rows[:, 1:]
+
+
+def _compile_in_step(train_step, compiled_shapes: set, state, batch, rng) -> None:
+  """Multi-process: compiles the step for a new batch shape, then waits for every host.
+
+  Hosts compile at different speeds; a host that runs the step's first
+  collective long before the others would time out (gloo on CPUs, after 30 s).
+  The jitted step reuses the program compiled here.
+  """
+  shapes = tuple(sorted((key, value.shape) for key, value in batch.items()))
+  if shapes not in compiled_shapes:
+    train_step.lower(state, batch, rng).compile()
+    _barrier(f"train step compiled for {shapes}")
+    compiled_shapes.add(shapes)
 
 
 def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
@@ -384,6 +399,7 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
         label_smoothing=train_config.label_smoothing,
         grad_accum_steps=train_config.grad_accum_steps)
     validator = None
+    compiled_shapes: set = set()
 
     step = int(jax.device_get(state.step))
     num_steps = train_config.num_steps
@@ -406,7 +422,10 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
         batch = next(iterator)
         if step_hook is not None:
           state = step_hook(step + 1, state) or state
-        state, metrics = train_step(state, step_lib.shard_batch(batch, mesh), dropout_rng)
+        sharded = step_lib.shard_batch(batch, mesh)
+        if jax.process_count() > 1:
+          _compile_in_step(train_step, compiled_shapes, state, sharded, dropout_rng)
+        state, metrics = train_step(state, sharded, dropout_rng)
         metrics = jax.device_get(metrics)
         loss = float(metrics["loss"])
         if not math.isfinite(loss):
@@ -438,6 +457,7 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
           if is_eval:
             if validator is None:
               validator = _Validator(config, tokenizer, model, mesh, state.params)
+            _barrier("validation")
             eval_start = time.perf_counter()
             last_eval = validator(state.params)
             record.update(last_eval, eval_seconds=time.perf_counter() - eval_start)

@@ -217,6 +217,26 @@ def process_local_rows(array: jax.Array) -> np.ndarray:
   return np.concatenate([pieces[start] for start in sorted(pieces)], axis=0)
 
 
+_barrier_count = 0
+
+
+def sync_processes(name: str, timeout_s: float = 1800.0) -> None:
+  """Waits until every process has reached this point (a no-op in a one-process run).
+
+  A barrier of the distributed runtime's key-value service, not a device
+  collective: CPU collectives (gloo) give up after 30 s, too little for a host
+  that is still compiling a step or training the tokenizer while the others wait.
+  Every process must make the same calls in the same order.
+  """
+  global _barrier_count
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # the client behind jax.distributed.initialize
+  _barrier_count += 1
+  distributed.global_state.client.wait_at_barrier(f"seq2seq_jax:{_barrier_count}:{name}",
+                                                  timeout_in_ms=int(timeout_s * 1000))
+
+
 # Environment variables that describe a multi-process run. JAX_COORDINATOR_ADDRESS
 # (with JAX_NUM_PROCESSES and JAX_PROCESS_ID, or a cluster manager that supplies
 # them) is jax's own; SEQ2SEQ_JAX_DISTRIBUTED=1 asks for jax's auto-detection
