@@ -30,6 +30,12 @@ the mesh axis does not divide stays whole (e.g. a vocabulary of 500 on 8 devices
 The table works on paths, not on annotations inside the models, so the models
 stay plain Linen modules and a checkpoint restores onto any mesh.
 
+Multi-host: ``maybe_initialize_distributed`` joins the processes of a cluster
+(before anything touches devices); each host then feeds its own rows of every
+global batch (``jax.make_array_from_process_local_data``), ``process_local_rows``
+returns a host its rows of a result, and ``sync_processes`` is a barrier that
+does not use device collectives.
+
 Example:
   >>> maybe_initialize_distributed()  # no-op on one host
   >>> mesh = make_mesh(model_parallelism=2)
