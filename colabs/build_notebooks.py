@@ -287,7 +287,8 @@ NB02 = [
     data_overrides = [f"data.manual_dir={MULTI30K_DIR}"]
     if QUICK:
       overrides = ["data.vocab_size=400", "model.vocab_size=400", "model.embed_dim=32",
-                   "model.hidden_dim=64", "data.batch_tokens=1024", "train.num_steps=30",
+                   "model.hidden_dim=64", "data.batch_tokens=1024", "data.max_source_len=32",
+                   "data.max_target_len=32", "data.bucket_lengths=16,32", "train.num_steps=30",
                    "train.log_every=10", "train.eval_every=30", "train.eval_bleu_sentences=16",
                    "data.eval_batch_size=16"]
     else:
@@ -424,7 +425,8 @@ NB03 = [
     if QUICK:
       overrides = ["data.vocab_size=400", "model.vocab_size=400", "model.model_dim=32",
                    "model.mlp_dim=64", "model.num_heads=2", "model.num_encoder_layers=2",
-                   "model.num_decoder_layers=2", "data.batch_tokens=1024", "train.num_steps=30",
+                   "model.num_decoder_layers=2", "data.batch_tokens=1024", "data.max_source_len=32",
+                   "data.max_target_len=32", "data.bucket_lengths=16,32", "train.num_steps=30",
                    "train.warmup_steps=10", "train.log_every=10", "train.eval_every=30",
                    "train.eval_bleu_sentences=16", "data.eval_batch_size=16"]
     else:
@@ -522,7 +524,8 @@ NB04 = [
     if QUICK:
       overrides = ["data.vocab_size=400", "model.vocab_size=400", "model.model_dim=32",
                    "model.mlp_dim=64", "model.num_heads=2", "model.num_encoder_layers=2",
-                   "model.num_decoder_layers=2", "data.batch_tokens=1024", "train.num_steps=30",
+                   "model.num_decoder_layers=2", "data.batch_tokens=1024", "data.max_source_len=32",
+                   "data.max_target_len=32", "data.bucket_lengths=16,32", "train.num_steps=30",
                    "train.warmup_steps=10", "train.log_every=10", "train.eval_every=30",
                    "train.eval_bleu_sentences=16", "data.eval_batch_size=16"]
     else:
@@ -686,17 +689,17 @@ _FULL_DATA = ["data.vocab_size=3000", "model.vocab_size=3000", "data.max_source_
               "data.max_target_len=40", "data.bucket_lengths=16,24,32,40",
               "data.batch_tokens=2048"]
 _FULL_RNN = _FULL_DATA + [
-    "model.embed_dim=128", "model.hidden_dim=256", "train.num_steps=1200", "train.log_every=50",
-    "train.eval_every=600", "train.checkpoint_every=600", "train.eval_bleu_sentences=200",
+    "model.embed_dim=128", "model.hidden_dim=256", "train.num_steps=700", "train.log_every=50",
+    "train.eval_every=350", "train.checkpoint_every=350", "train.eval_bleu_sentences=200",
     "train.eval_batches=4"]
 FULL_01 = _FULL_RNN
 FULL_02 = _FULL_RNN
 FULL_TRANSFORMER = _FULL_DATA + [
-    "model.mlp_dim=512", "train.num_steps=1500", "train.warmup_steps=300",
-    "train.log_every=50", "train.eval_every=500", "train.checkpoint_every=500",
-    "train.eval_bleu_sentences=200", "train.eval_batches=4"]
+    "model.model_dim=128", "model.mlp_dim=512", "train.num_steps=1000",
+    "train.warmup_steps=200", "train.log_every=50", "train.eval_every=500",
+    "train.checkpoint_every=500", "train.eval_bleu_sentences=200", "train.eval_batches=4"]
 FULL_05_MODEL = {"embed_dim": 100, "hidden_dim": 128, "dropout_rate": 0.2}
-FULL_05_TRAIN = {"epochs": 4, "batch_size": 128}
+FULL_05_TRAIN = {"epochs": 3, "batch_size": 128, "learning_rate": 2e-3}
 
 NOTEBOOKS = {
     "01_encoder_decoder_rnn": ("01 · The RNN encoder-decoder and its thought vector", NB01),
