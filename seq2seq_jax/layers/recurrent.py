@@ -88,6 +88,12 @@ class RNNEncoder(nn.Module):
   def output_dim(self) -> int:
     return self.hidden_dim * (2 if self.bidirectional else 1)
 
+  def _zero_carry(self, cell: nn.RNNCellBase, x_BSD: Array) -> PyTree:
+    # The state lives in the compute dtype: flax's default float32 carry would turn
+    # into bfloat16 after one SimpleCell step and break the scan's carry types.
+    carry = cell.initialize_carry(jax.random.key(0), x_BSD[:, 0].shape)
+    return jax.tree.map(lambda c: c.astype(self.dtype), carry)
+
   @nn.compact
   def __call__(self, inputs_BSE: Array, lengths_B: Array, *,
                deterministic: bool = True) -> tuple[Array, PyTree]:
@@ -111,14 +117,16 @@ class RNNEncoder(nn.Module):
       if layer > 0:
         x_BSD = nn.Dropout(self.dropout_rate)(x_BSD, deterministic=deterministic)
       # Cells are named here so their parameters read encoder/forward_0/..., backward_0/...
-      forward = nn.RNN(make_cell(self.cell, self.hidden_dim, dtype=self.dtype,
-                                 name=f"forward_{layer}"), return_carry=True)
-      carry, out_BSD = forward(x_BSD, seq_lengths=lengths_B)
+      forward_cell = make_cell(self.cell, self.hidden_dim, dtype=self.dtype,
+                               name=f"forward_{layer}")
+      carry, out_BSD = nn.RNN(forward_cell, return_carry=True)(
+          x_BSD, initial_carry=self._zero_carry(forward_cell, x_BSD), seq_lengths=lengths_B)
       if self.bidirectional:
-        backward = nn.RNN(make_cell(self.cell, self.hidden_dim, dtype=self.dtype,
-                                    name=f"backward_{layer}"), return_carry=True)
-        carry_back, out_back_BSD = backward(x_BSD, seq_lengths=lengths_B, reverse=True,
-                                            keep_order=True)
+        backward_cell = make_cell(self.cell, self.hidden_dim, dtype=self.dtype,
+                                  name=f"backward_{layer}")
+        carry_back, out_back_BSD = nn.RNN(backward_cell, return_carry=True)(
+            x_BSD, initial_carry=self._zero_carry(backward_cell, x_BSD), seq_lengths=lengths_B,
+            reverse=True, keep_order=True)
         carry = jax.tree.map(lambda f, b: jnp.concatenate([f, b], axis=-1), carry, carry_back)
         out_BSD = jnp.concatenate([out_BSD, out_back_BSD], axis=-1)
       # The scan also steps over padding; those outputs are meaningless, so zero them.

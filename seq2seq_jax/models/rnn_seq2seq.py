@@ -18,18 +18,8 @@ from seq2seq_jax.layers.attention import AdditiveAttention, LuongAttention
 from seq2seq_jax.layers.embeddings import TokenEmbedding
 from seq2seq_jax.layers.recurrent import (RNNEncoder, carry_hidden, make_cell, reverse_padded,
                                           sequence_lengths)
-from seq2seq_jax.types import BOS_ID, PAD_ID, Array, PyTree
-
-
-def shift_right(targets_BT: Array, *, bos_id: int = BOS_ID) -> Array:
-  """Decoder inputs: BOS, then the targets without their last position.
-
-  Example:
-    >>> shift_right(jnp.array([[5, 6, 2]]))
-    Array([[1, 5, 6]], dtype=int32)
-  """
-  bos_B1 = jnp.full((targets_BT.shape[0], 1), bos_id, dtype=targets_BT.dtype)
-  return jnp.concatenate([bos_B1, targets_BT[:, :-1]], axis=1)
+from seq2seq_jax.models.base import check_decode_len, shift_right
+from seq2seq_jax.types import PAD_ID, Array, PyTree
 
 
 def _stack_layers(carries: list[PyTree]) -> PyTree:
@@ -255,11 +245,9 @@ class RNNSeq2Seq(nn.Module):
     """The decoder state before BOS: ``{"layers", ["feed_BR",] "index", "limit"}``.
 
     Raises:
-      ValueError: if ``max_decode_len`` exceeds ``config.max_len``.
+      ValueError: if ``max_decode_len`` is not in ``[1, config.max_len]``.
     """
-    if max_decode_len > self.config.max_len:
-      raise ValueError(f"max_decode_len={max_decode_len} exceeds RNNConfig.max_len="
-                       f"{self.config.max_len}; decode fewer steps or raise max_len")
+    check_decode_len(max_decode_len, self.config.max_len, type(self).__name__)
     cache = self._initial_carry(memory)
     cache["index"] = jnp.zeros((), jnp.int32)
     cache["limit"] = jnp.asarray(max_decode_len, jnp.int32)

@@ -9,7 +9,8 @@ import pytest
 
 from seq2seq_jax.configs import RNNConfig
 from seq2seq_jax.models.registry import build_model
-from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq, shift_right
+from seq2seq_jax.models.base import shift_right
+from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq
 from seq2seq_jax.types import BOS_ID
 
 B, S, T, V, E, H = 2, 5, 4, 13, 3, 6  # pairwise distinct (T == 4 only for the targets)
@@ -146,7 +147,7 @@ def test_init_cache_rejects_a_decode_length_past_max_len_and_steps_past_it_are_n
   params = _random_params(model, 0)
   variables = {"params": params}
   memory = model.apply(variables, SOURCE_BS, method=model.encode)
-  with pytest.raises(ValueError, match="max_decode_len=9 exceeds RNNConfig.max_len=8"):
+  with pytest.raises(ValueError, match=r"max_decode_len=9 must be in \[1, RNNSeq2Seq.max_len=8\]"):
     model.apply(variables, memory, 9, method=model.init_cache)
   cache = model.apply(variables, memory, 1, method=model.init_cache)
   bos_B = jnp.full((B,), BOS_ID, jnp.int32)
@@ -179,3 +180,26 @@ def test_config_validation_names_the_field():
     RNNConfig(vocab_size=V, cell="rnn")
   with pytest.raises(ValueError, match="input_feeding"):
     RNNConfig(vocab_size=V, attention="none", input_feeding=True)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_bfloat16_compute_traces_with_float32_params_and_logits(cell):
+  # Shapes and dtypes only (no compile): the recurrent state must keep one dtype in the scans.
+  model = RNNSeq2Seq(_config(cell, "additive", True, dtype="bfloat16", num_decoder_layers=2))
+  variables = jax.eval_shape(model.init, jax.random.key(0), SOURCE_BS, TARGETS_BT)
+  assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(variables))
+  logits = jax.eval_shape(lambda v: model.apply(v, SOURCE_BS, TARGETS_BT), variables)
+  assert logits.shape == (B, T, V) and logits.dtype == jnp.float32
+
+
+def test_beam_search_through_generate_equals_uncached_decoding():
+  # The library's generate expands the cache to B * W rows and shares the scalar leaves.
+  from seq2seq_jax.configs import DecodeConfig
+  from seq2seq_jax.decoding.generation import generate, generate_uncached
+  model = RNNSeq2Seq(_config("gru", "additive", True, variant=1))
+  params = _random_params(model, 4)
+  decode_config = DecodeConfig(method="beam", beam_size=3, max_decode_len=6)
+  tokens_BT, scores_B = generate(model, params, SOURCE_BS, decode_config)
+  reference_BT, reference_B = generate_uncached(model, params, SOURCE_BS, decode_config)
+  np.testing.assert_array_equal(tokens_BT, reference_BT)
+  np.testing.assert_allclose(scores_B, reference_B, rtol=1e-5, atol=1e-5)
