@@ -11,6 +11,7 @@ reordering has something to get wrong) and a shared scalar position:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -135,8 +136,19 @@ class PrefixToy:
 
 
 def run_jit(search, step_fn, cache, **kwargs):
-  """Runs a search under jit, as generate does: the cache traced, everything else static."""
+  """Runs a search under jit, as generate does: cache (and rng) traced, the rest static.
+
+  The jitted function is reused for the same search, step function and settings, so
+  a test that decodes the same toy several times compiles once per shape.
+  """
   rng = kwargs.pop("rng", None)
-  if rng is None:
-    return jax.jit(lambda c: search(step_fn, c, **kwargs))(cache)
-  return jax.jit(lambda c, r: search(step_fn, c, rng=r, **kwargs))(cache, rng)
+  jitted = _jitted_search(search, step_fn, tuple(sorted(kwargs.items())))
+  return jitted(cache, rng)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_search(search, step_fn, settings):
+  def run(cache, rng):
+    extra = {} if rng is None else {"rng": rng}
+    return search(step_fn, cache, **extra, **dict(settings))
+  return jax.jit(run)
