@@ -51,6 +51,9 @@ _LAZY = {
     "average_checkpoints": "seq2seq_jax.checkpoints",
     "corpus_bleu": "seq2seq_jax.evaluation",
     "corpus_chrf": "seq2seq_jax.evaluation",
+    "make_mesh": "seq2seq_jax.training.sharding",
+    "maybe_initialize_distributed": "seq2seq_jax.training.sharding",
+    "state_sharding_fn": "seq2seq_jax.training.sharding",
 }
 
 
@@ -105,6 +108,10 @@ __all__ = [
     "Translator",
     "corpus_bleu",
     "corpus_chrf",
+    # many devices and hosts
+    "make_mesh",
+    "maybe_initialize_distributed",
+    "state_sharding_fn",
     # modules
     "benchmarking",
     "data",

@@ -115,7 +115,9 @@ def _train_config(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> int:
   from seq2seq_jax.training import loop
+  from seq2seq_jax.training.sharding import maybe_initialize_distributed
 
+  maybe_initialize_distributed()  # before anything touches devices; a no-op on one host
   config = _train_config(args)
   start = time.perf_counter()
   result = loop.train(config, args.workdir, restart=args.restart, progress=not args.quiet)
