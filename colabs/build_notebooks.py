@@ -695,11 +695,11 @@ _FULL_RNN = _FULL_DATA + [
 FULL_01 = _FULL_RNN
 FULL_02 = _FULL_RNN
 FULL_TRANSFORMER = _FULL_DATA + [
-    "model.model_dim=128", "model.mlp_dim=512", "train.num_steps=1000",
-    "train.warmup_steps=200", "train.log_every=50", "train.eval_every=500",
-    "train.checkpoint_every=500", "train.eval_bleu_sentences=200", "train.eval_batches=4"]
+    "model.model_dim=128", "model.mlp_dim=512", "train.num_steps=800",
+    "train.warmup_steps=200", "train.log_every=50", "train.eval_every=400",
+    "train.checkpoint_every=400", "train.eval_bleu_sentences=200", "train.eval_batches=4"]
 FULL_05_MODEL = {"embed_dim": 100, "hidden_dim": 128, "dropout_rate": 0.2}
-FULL_05_TRAIN = {"epochs": 3, "batch_size": 128, "learning_rate": 2e-3}
+FULL_05_TRAIN = {"epochs": 2, "batch_size": 128, "learning_rate": 2e-3}
 
 NOTEBOOKS = {
     "01_encoder_decoder_rnn": ("01 · The RNN encoder-decoder and its thought vector", NB01),
