@@ -19,10 +19,12 @@ from seq2seq_jax.configs import TrainConfig as TrainConfig
 from seq2seq_jax.configs import TransformerConfig as TransformerConfig
 from seq2seq_jax.decoding import StepFn as StepFn
 from seq2seq_jax.decoding import beam_search as beam_search
+from seq2seq_jax.decoding import decode_length as decode_length
 from seq2seq_jax.decoding import expand_to_beams as expand_to_beams
 from seq2seq_jax.decoding import generate as generate
 from seq2seq_jax.decoding import generate_uncached as generate_uncached
 from seq2seq_jax.decoding import greedy_search as greedy_search
+from seq2seq_jax.decoding import length_penalty as length_penalty
 from seq2seq_jax.decoding import sample as sample
 from seq2seq_jax.models.base import shift_right as shift_right
 from seq2seq_jax.models.decomposable import DecomposableAttention as DecomposableAttention
@@ -91,10 +93,12 @@ __all__ = [
     # decoding
     "StepFn",
     "beam_search",
+    "decode_length",
     "expand_to_beams",
     "generate",
     "generate_uncached",
     "greedy_search",
+    "length_penalty",
     "sample",
     # training, checkpoints, use
     "train",

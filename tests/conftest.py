@@ -33,11 +33,11 @@ def shared_data(*parts: str) -> pathlib.Path:
   return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def multi30k_tiny() -> pathlib.Path:
   return shared_data("multi30k_tiny")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def multi30k_raw() -> pathlib.Path:
   return shared_data("multi30k", "raw")

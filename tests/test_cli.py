@@ -24,10 +24,9 @@ def _env():
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_run(tmp_path_factory, multi30k_tiny):
   """Trains tiny_transformer through the CLI, interrupted by SIGINT and resumed."""
-  from conftest import shared_data
-  data = shared_data("multi30k_tiny")
+  data = multi30k_tiny
   root = tmp_path_factory.mktemp("cli")
   workdir = root / "run"
   command = [sys.executable, "-m", "seq2seq_jax.cli", "train", "--preset", "tiny_transformer",

@@ -9,8 +9,6 @@ import seq2seq_jax
 def test_every_public_name_resolves():
   missing = []
   for name in seq2seq_jax.__all__:
-    if name == "visualization":
-      continue  # written by the notebooks work; checked in its own tests
     try:
       getattr(seq2seq_jax, name)
     except (AttributeError, ImportError) as error:

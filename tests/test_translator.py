@@ -14,8 +14,8 @@ from seq2seq_jax.translator import Translator
 
 
 @pytest.fixture(scope="module")
-def translator(request):
-  tiny = request.getfixturevalue("multi30k_tiny")
+def translator(multi30k_tiny):
+  tiny = multi30k_tiny
   lines = [l for name in ("train.de", "train.en")
            for l in (tiny / name).read_text(encoding="utf-8").splitlines()]
   tokenizer = train_tokenizer_from_text(lines, 300)
@@ -27,12 +27,6 @@ def translator(request):
   params = model.init(jax.random.key(0), dummy, dummy)["params"]
   return Translator(model, params, tokenizer, max_source_len=24, bucket_lengths=(8, 16),
                     batch_size=4, decode_config=DecodeConfig(max_decode_len=12))
-
-
-@pytest.fixture(scope="module")
-def multi30k_tiny():
-  from conftest import shared_data
-  return shared_data("multi30k_tiny")
 
 
 SENTENCES = ["Ein Hund.", "Zwei Männer sitzen auf einer Bank vor einem roten Haus.",
