@@ -12,7 +12,9 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	# torch first, pinned: pip then takes the CPU build, never a CUDA one (bench extra).
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,bench]"
 	touch $(STAMP)
 
 setup: $(STAMP)
