@@ -24,25 +24,38 @@ from seq2seq_jax.data.tokenizer import Tokenizer as Tokenizer
 from seq2seq_jax.data.tokenizer import load_or_train_tokenizer as load_or_train_tokenizer
 from seq2seq_jax.data.tokenizer import train_tokenizer as train_tokenizer
 from seq2seq_jax.data.tokenizer import train_tokenizer_from_text as train_tokenizer_from_text
+from seq2seq_jax.data.pair_task import PairSplit as PairSplit
+from seq2seq_jax.data.pair_task import PairTask as PairTask
+from seq2seq_jax.data.pair_task import WordVocab as WordVocab
+from seq2seq_jax.data.pair_task import build_pair_task as build_pair_task
+from seq2seq_jax.data.pair_task import hard_negatives as hard_negatives
+from seq2seq_jax.data.pair_task import tokenize as tokenize
+
 
 __all__ = [
-    "DEFAULT_DATA_DIR",
-    "MULTI30K_URL",
-    "DataError",
-    "EvalText",
-    "TextPairs",
-    "Tokenizer",
-    "TrainStats",
     "bucket_rows",
+    "build_pair_task",
+    "DataError",
+    "DEFAULT_DATA_DIR",
     "download_multi30k",
+    "EvalText",
+    "hard_negatives",
     "load_eval_text",
     "load_or_train_tokenizer",
     "load_split",
     "make_eval_batches",
     "make_train_dataset",
     "make_train_iterator",
+    "MULTI30K_URL",
+    "PairSplit",
+    "PairTask",
     "prepare_dataset",
     "resolve_data_dir",
+    "TextPairs",
+    "tokenize",
+    "Tokenizer",
     "train_tokenizer",
     "train_tokenizer_from_text",
+    "TrainStats",
+    "WordVocab",
 ]

@@ -34,6 +34,9 @@ from seq2seq_jax.training.step import make_mesh as make_mesh
 from seq2seq_jax.training.step import make_train_step as make_train_step
 from seq2seq_jax.training.step import shard_batch as shard_batch
 from seq2seq_jax.training.step import train_step as train_step
+from seq2seq_jax.training.pair_classifier import PairTrainConfig as PairTrainConfig
+from seq2seq_jax.training.pair_classifier import train_pair_classifier as train_pair_classifier
+
 
 __all__ = [
     "abstract_train_state",
@@ -54,6 +57,7 @@ __all__ = [
     "make_train_step",
     "maybe_initialize_distributed",
     "NonFiniteLossError",
+    "PairTrainConfig",
     "PARAMETER_AXES",
     "per_device_bytes",
     "process_local_rows",
@@ -62,6 +66,7 @@ __all__ = [
     "state_sharding_fn",
     "sync_processes",
     "train",
+    "train_pair_classifier",
     "train_step",
     "TrainResult",
     "TrainState",
