@@ -33,7 +33,6 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from seq2seq_jax.configs import RNNConfig
 from seq2seq_jax.models import registry
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training.losses import cross_entropy_sums
@@ -107,14 +106,7 @@ def build_model(model_config: Any, *, compute_dtype: str | None = None) -> nn.Mo
   """
   if compute_dtype is not None and compute_dtype != model_config.dtype:
     model_config = dataclasses.replace(model_config, dtype=compute_dtype)
-  try:
-    return registry.build_model(model_config)
-  except TypeError:
-    # Until the registry knows RNNConfig (issue [rnn]); then this branch goes.
-    if isinstance(model_config, RNNConfig):
-      from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq
-      return RNNSeq2Seq(model_config)
-    raise
+  return registry.build_model(model_config)
 
 
 def _dummy_inputs() -> tuple[Array, Array]:
