@@ -73,8 +73,10 @@ def test_rnn_vs_transformer_quick(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_TORCH, reason="compare_pytorch needs the optional 'bench' extra "
-                    "(torch, transformers), which CI does not install")
+@pytest.mark.skipif(not HAS_TORCH and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
+                    reason="compare_pytorch needs the optional 'bench' extra (torch, "
+                           "transformers); `make setup` installs it, and under CI=true its "
+                           "absence fails this test")
 def test_compare_pytorch_quick(tmp_path):
   payload = _run("compare_pytorch", tmp_path)
   _check_rows(payload["rows"], "tokens/s")

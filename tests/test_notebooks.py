@@ -14,9 +14,8 @@ import pathlib
 import re
 import time
 
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLABS = REPO_ROOT / "colabs"
@@ -212,8 +211,7 @@ def _kernel_env() -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_in_quick_mode(name, monkeypatch, tmp_path):
-  nbclient = pytest.importorskip("nbclient")
-  pytest.importorskip("ipykernel")
+  import nbclient  # noqa: PLC0415 (the test extra always installs it, with ipykernel)
   for key, value in _kernel_env().items():
     monkeypatch.setenv(key, value)
   notebook = _read(name)
