@@ -8,11 +8,11 @@ weight every token equally, whatever the padding of each batch.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from seq2seq_jax.types import PAD_ID, Array
 
@@ -40,6 +40,8 @@ def cross_entropy_sums(logits_BTV: Array, targets_BT: Array, *, label_smoothing:
   The smoothed target puts ``1 - label_smoothing`` on the true token plus
   ``label_smoothing / V`` on every token (``optax.smooth_labels``). PAD positions
   carry weight 0. The arithmetic is float32 whatever the dtype of the logits.
+  Neither the forward pass nor the gradient materialises a one-hot or smoothed
+  target distribution (see ``_token_losses``).
 
   Args:
     logits_BTV: unnormalised scores [B, T, V].
@@ -60,17 +62,64 @@ def cross_entropy_sums(logits_BTV: Array, targets_BT: Array, *, label_smoothing:
                      "on [batch, length]")
   if not 0.0 <= label_smoothing < 1.0:
     raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1)")
-  vocab = logits_BTV.shape[-1]
-  logits_BTV = logits_BTV.astype(jnp.float32)
-  log_probs_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
   weights_BT = (targets_BT != pad_id).astype(jnp.float32)
-  onehot_BTV = jax.nn.one_hot(targets_BT, vocab, dtype=jnp.float32)
-  nll_BT = -jnp.sum(onehot_BTV * log_probs_BTV, axis=-1)
-  if label_smoothing:
-    soft_BTV = optax.smooth_labels(onehot_BTV, label_smoothing)
-    loss_BT = -jnp.sum(soft_BTV * log_probs_BTV, axis=-1)
-  else:
-    loss_BT = nll_BT
-  correct_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT).astype(jnp.float32)
+  loss_BT, nll_BT, correct_BT = _token_losses(logits_BTV.astype(jnp.float32),
+                                              targets_BT.astype(jnp.int32), float(label_smoothing))
   return LossSums(loss=jnp.sum(loss_BT * weights_BT), nll=jnp.sum(nll_BT * weights_BT),
                   correct=jnp.sum(correct_BT * weights_BT), tokens=jnp.sum(weights_BT))
+
+
+def _token_losses_fwd(logits_BTV: Array, targets_BT: Array,
+                      label_smoothing: float) -> tuple[tuple[Array, Array, Array], tuple]:
+  """Per-token (smoothed loss, nll, correct) from one max, one sum of exponentials, one gather.
+
+  With ``lse = log sum_v exp(z_v)`` and ``eps = label_smoothing``:
+  ``nll = lse - z_target`` and ``loss = (1 - eps) nll + eps (lse - mean_v z_v)``, which
+  is ``-sum_v q_v log p_v`` for the smoothed target ``q``. ``correct`` is 1 where the
+  target's logit is the largest (a tie with another token also counts).
+  """
+  max_BT = jnp.max(logits_BTV, axis=-1)
+  sum_exp_BT = jnp.sum(jnp.exp(logits_BTV - max_BT[..., None]), axis=-1)
+  lse_BT = max_BT + jnp.log(sum_exp_BT)
+  target_logit_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+  nll_BT = lse_BT - target_logit_BT
+  if label_smoothing:
+    uniform_BT = lse_BT - jnp.mean(logits_BTV, axis=-1)  # cross-entropy against 1/V everywhere
+    loss_BT = (1.0 - label_smoothing) * nll_BT + label_smoothing * uniform_BT
+  else:
+    loss_BT = nll_BT
+  correct_BT = (target_logit_BT >= max_BT).astype(jnp.float32)
+  return (loss_BT, nll_BT, correct_BT), (logits_BTV, targets_BT, lse_BT)
+
+
+def _token_losses_bwd(label_smoothing: float, residuals: tuple,
+                      cotangents: tuple[Array, Array, Array]) -> tuple[Array, None]:
+  """d/dz of ``ct_loss * loss + ct_nll * nll`` in one elementwise pass over [B, T, V].
+
+  ``d nll / dz = p - onehot`` and ``d loss / dz = p - (1 - eps) onehot - eps / V``.
+  ``correct`` is piecewise constant: its cotangent is ignored.
+  """
+  logits_BTV, targets_BT, lse_BT = residuals
+  ct_loss_BT, ct_nll_BT, _ = cotangents
+  vocab = logits_BTV.shape[-1]
+  probs_BTV = jnp.exp(logits_BTV - lse_BT[..., None])
+  is_target_BTV = jax.lax.broadcasted_iota(jnp.int32, logits_BTV.shape, 2) == targets_BT[..., None]
+  on_target_BT = (1.0 - label_smoothing) * ct_loss_BT + ct_nll_BT
+  grad_BTV = ((ct_loss_BT + ct_nll_BT)[..., None] * probs_BTV
+              - jnp.where(is_target_BTV, on_target_BT[..., None], 0.0)
+              - (label_smoothing / vocab * ct_loss_BT)[..., None])
+  return grad_BTV, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _token_losses(logits_BTV: Array, targets_BT: Array,
+                  label_smoothing: float) -> tuple[Array, Array, Array]:
+  """Float32 per-token ``(loss, nll, correct)`` [B, T] each; see ``_token_losses_fwd``.
+
+  A custom VJP so that the gradient is one fused ``p - q`` pass: autodiff of the
+  gather would build a zero [B, T, V] buffer and scatter into it.
+  """
+  return _token_losses_fwd(logits_BTV, targets_BT, label_smoothing)[0]
+
+
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
