@@ -23,6 +23,7 @@ import pathlib
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from seq2seq_jax.configs import DataConfig
 
@@ -166,8 +167,9 @@ def _add_evaluate(subparsers) -> None:
                   "Writes eval-SPLIT-STEP-METHOD.json and the hypotheses into WORKDIR/eval/.")
   _add_decode_flags(parser)
   parser.add_argument("--split", default=None,
-                      help="split of the run's corpus, e.g. val, test_2016_flickr (default: the "
-                           "run's data.eval_split)")
+                      help="split of the run's corpus, e.g. val, test_2016_flickr, or several "
+                           "separated by commas (one model load for all); default: the run's "
+                           "data.eval_split")
   parser.add_argument("--sources", default=None, metavar="FILE",
                       help="score these source sentences instead of a split (with --references)")
   parser.add_argument("--references", default=None, metavar="FILE",
@@ -193,24 +195,32 @@ def _tokenized_references(data_config, split: str) -> pathlib.Path | None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-  from seq2seq_jax import evaluation
-
   if (args.sources is None) != (args.references is None):
     raise ValueError("--sources and --references go together: give both files, or neither to "
                      "evaluate a split of the run's corpus")
   translator = _translator(args)
   config = translator.config
   if args.sources:
-    split = pathlib.Path(args.sources).name
     sources, references = _read_lines(args.sources), _read_lines(args.references)
     if len(sources) != len(references):
       raise ValueError(f"{args.sources} has {len(sources)} lines but {args.references} has "
                        f"{len(references)}: they must be aligned line by line")
-  else:
-    from seq2seq_jax.data import pipeline
-    split = args.split or config.data.eval_split
-    text = pipeline.load_eval_text(config.data, split)
-    sources, references = text.sources, text.references
+    _evaluate_one(args, translator, pathlib.Path(args.sources).name, sources, references)
+    return 0
+  from seq2seq_jax.data import pipeline
+  splits = [s.strip() for s in (args.split or config.data.eval_split).split(",") if s.strip()]
+  texts = {split: pipeline.load_eval_text(config.data, split) for split in splits}  # fail early
+  for split, text in texts.items():
+    _evaluate_one(args, translator, split, text.sources, text.references)
+  return 0
+
+
+def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources: list[str],
+                  references: list[str]) -> None:
+  """Translates, scores, prints and writes eval-SPLIT-STEP-METHOD.{json,txt} for one set."""
+  from seq2seq_jax import evaluation
+
+  config = translator.config
   limit = args.max_sentences or len(sources)
   sources, references = sources[:limit], references[:limit]
   decode = translator.decode_config
@@ -249,7 +259,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
       "tokenized_references": str(tokenized) if tokenized else None,
       "seconds": seconds, "hypotheses_file": str(out_dir / f"{name}.txt")}
   (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-  return 0
 
 
 def _add_translate(subparsers) -> None:

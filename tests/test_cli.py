@@ -84,6 +84,14 @@ def test_evaluate_writes_scores_and_json(tiny_run, capsys):
   references = (tiny_run["data"] / "test_2016_flickr.en").read_text().splitlines()
   want = sacrebleu.corpus_bleu(hypotheses, [references]).score
   assert record["scores"]["BLEU"]["score"] == pytest.approx(want)
+  # several splits, one model load: one record each
+  assert cli.main(["evaluate", "--workdir", str(workdir), "--split", "val, test_2016_flickr",
+                   "--max-sentences", "4"]) == 0
+  out = capsys.readouterr().out
+  assert "val (de->en, 4 sentences" in out and "test_2016_flickr (de->en, 4 sentences" in out
+  for split in ("val", "test_2016_flickr"):
+    assert json.loads(next((workdir / "eval").glob(f"eval-{split}-*-greedy.json")).read_text())[
+        "sentences"] == 4
 
 
 @pytest.mark.slow
