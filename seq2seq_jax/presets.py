@@ -34,45 +34,64 @@ def _tiny_transformer() -> ExperimentConfig:
 
 
 def _multi30k_data(source_lang: str = "de", target_lang: str = "en") -> DataConfig:
+  # A 3000-piece joint vocabulary: on Multi30k's 29k pairs an 8000-piece one gave a
+  # Transformer 17.7 validation BLEU after 26 minutes, where 3000 pieces reach the
+  # numbers in the README (more updates per piece, a 2.7x smaller softmax).
   return DataConfig(dataset="multi30k", source_lang=source_lang, target_lang=target_lang,
-                    vocab_size=8000, max_source_len=64, max_target_len=64,
-                    bucket_lengths=(12, 16, 20, 24, 32, 48, 64), batch_tokens=6144)
+                    vocab_size=3000, max_source_len=64, max_target_len=64,
+                    bucket_lengths=(12, 16, 20, 24, 32, 48, 64), batch_tokens=3072)
 
 
 def _multi30k_transformer(source_lang: str = "de", target_lang: str = "en") -> ExperimentConfig:
-  """The default: a 3+3-layer d=256 Transformer (T-small) on Multi30k."""
+  """The default: a 3+3-layer d=256 Transformer on Multi30k, sized to train in 30 CPU minutes.
+
+  1250 updates of about 3000 tokens (about 8 epochs) with a cosine schedule fit in
+  under 30 minutes of a 2-core CPU, compilation and the final validation included.
+  """
   return ExperimentConfig(
-      model=TransformerConfig(vocab_size=8000, model_dim=256, num_heads=4, mlp_dim=1024,
+      model=TransformerConfig(vocab_size=3000, model_dim=256, num_heads=4, mlp_dim=512,
                               num_encoder_layers=3, num_decoder_layers=3, max_len=128,
                               dropout_rate=0.1, attention_dropout_rate=0.0),
       data=_multi30k_data(source_lang, target_lang),
-      train=TrainConfig(num_steps=6000, learning_rate=2e-3, warmup_steps=800,
-                        label_smoothing=0.1, log_every=100, eval_every=1000,
-                        checkpoint_every=500, eval_bleu_sentences=512),
+      train=TrainConfig(num_steps=1250, learning_rate=1.5e-3, schedule="cosine", warmup_steps=150,
+                        label_smoothing=0.1, log_every=50, eval_every=0,
+                        checkpoint_every=250, eval_bleu_sentences=512),
       decode=DecodeConfig(method="greedy"))
 
 
-def _multi30k_rnn(attention: str, cell: str, bidirectional: bool, source_lang: str = "de",
+def _multi30k_rnn(attention: str, cell: str, bidirectional: bool, *, hidden_dim: int,
+                  num_steps: int, source_lang: str = "de",
                   target_lang: str = "en") -> ExperimentConfig:
+  """A one-layer recurrent encoder-decoder on Multi30k, sized for one CPU core.
+
+  The README's numbers come from training ``multi30k_rnn_attention`` and
+  ``multi30k_gru`` side by side, each pinned to one of the two cores: a scan's
+  small per-step matmuls gain little from a second thread.
+  """
   return ExperimentConfig(
-      model=RNNConfig(vocab_size=8000, cell=cell, embed_dim=256, hidden_dim=512,
+      model=RNNConfig(vocab_size=3000, cell=cell, embed_dim=256, hidden_dim=hidden_dim,
                       bidirectional=bidirectional, attention=attention, dropout_rate=0.3,
                       max_len=128),
       data=_multi30k_data(source_lang, target_lang),
-      train=TrainConfig(num_steps=6000, learning_rate=2e-3, schedule="constant", warmup_steps=0,
-                        label_smoothing=0.1, log_every=100, eval_every=1000,
-                        checkpoint_every=500, eval_bleu_sentences=512),
+      train=TrainConfig(num_steps=num_steps, learning_rate=2e-3, schedule="cosine",
+                        warmup_steps=20, label_smoothing=0.1, log_every=25, eval_every=0,
+                        checkpoint_every=250, eval_bleu_sentences=512),
       decode=DecodeConfig(method="greedy"))
 
+
+_RNN_ATTENTION = dict(attention="additive", cell="gru", bidirectional=True, hidden_dim=256,
+                      num_steps=900)
+_GRU = dict(attention="none", cell="gru", bidirectional=False, hidden_dim=512, num_steps=1200)
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "tiny_transformer": _tiny_transformer,
     "multi30k_transformer": _multi30k_transformer,
     "multi30k_transformer_en_de": lambda: _multi30k_transformer("en", "de"),
-    "multi30k_rnn_attention": lambda: _multi30k_rnn("additive", "gru", True),
-    "multi30k_rnn_attention_en_de": lambda: _multi30k_rnn("additive", "gru", True, "en", "de"),
-    "multi30k_gru": lambda: _multi30k_rnn("none", "gru", False),
-    "multi30k_gru_en_de": lambda: _multi30k_rnn("none", "gru", False, "en", "de"),
+    "multi30k_rnn_attention": lambda: _multi30k_rnn(**_RNN_ATTENTION),
+    "multi30k_rnn_attention_en_de": lambda: _multi30k_rnn(**_RNN_ATTENTION, source_lang="en",
+                                                          target_lang="de"),
+    "multi30k_gru": lambda: _multi30k_rnn(**_GRU),
+    "multi30k_gru_en_de": lambda: _multi30k_rnn(**_GRU, source_lang="en", target_lang="de"),
 }
 
 
@@ -113,6 +132,7 @@ def apply_overrides(config: ExperimentConfig, overrides: Iterable[str]) -> Exper
   An unknown section or field raises ``ValueError`` listing the valid ones.
   """
   sections = {name: getattr(config, name) for name in _SECTIONS}
+  changes: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
   for override in overrides:
     key, sep, text = override.partition("=")
     section, dot, field = key.strip().partition(".")
@@ -127,6 +147,9 @@ def apply_overrides(config: ExperimentConfig, overrides: Iterable[str]) -> Exper
       raise ValueError(f"--set {override!r}: unknown field {section}.{field} of "
                        f"{type(sections[section]).__name__}; valid fields: "
                        f"{', '.join(sorted(fields))}")
-    value = _parse_value(text, fields[field].type, key)
-    sections[section] = dataclasses.replace(sections[section], **{field: value})
+    changes[section][field] = _parse_value(text, fields[field].type, key)
+  # One replace per section: checks that tie fields together (a cosine schedule's
+  # warmup_steps < num_steps) see the final values, whatever order they were given in.
+  sections = {name: dataclasses.replace(section, **changes[name]) if changes[name] else section
+              for name, section in sections.items()}
   return ExperimentConfig(**sections)

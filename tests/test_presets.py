@@ -32,6 +32,16 @@ def test_overrides_parse_each_type():
   assert config.decode.method == "beam"
 
 
+def test_overrides_are_validated_together_in_any_order():
+  """The cosine schedule needs warmup_steps < num_steps: only the final values count."""
+  base = presets.get_preset("multi30k_transformer")
+  assert base.train.schedule == "cosine" and base.train.warmup_steps > 30
+  config = presets.apply_overrides(base, ["train.num_steps=30", "train.warmup_steps=10"])
+  assert (config.train.num_steps, config.train.warmup_steps) == (30, 10)
+  with pytest.raises(ValueError, match="warmup_steps < num_steps=30"):
+    presets.apply_overrides(base, ["train.num_steps=30"])
+
+
 @pytest.mark.parametrize("override, words", [
     ("foo.x=1", ["unknown section 'foo'", "model, data, train, decode"]),
     ("train.nope=2", ["unknown field train.nope", "num_steps"]),
