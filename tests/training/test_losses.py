@@ -9,23 +9,27 @@ from seq2seq_jax.training.losses import cross_entropy_sums
 from seq2seq_jax.types import PAD_ID
 
 
+def _real_tokens(targets_BT, vocab, smoothing):
+  """(b, t, target, smoothed target distribution) for every non-PAD position."""
+  for b in range(targets_BT.shape[0]):
+    for t in range(targets_BT.shape[1]):
+      target = targets_BT[b, t]
+      if target != PAD_ID:
+        soft = np.full(vocab, smoothing / vocab)
+        soft[target] += 1.0 - smoothing
+        yield b, t, target, soft
+
+
 def _reference(logits_BTV, targets_BT, smoothing):
   logits = logits_BTV.astype(np.float64)
   log_probs = logits - logits.max(-1, keepdims=True)
   log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
-  vocab = logits.shape[-1]
   loss = nll = tokens = correct = 0.0
-  for b in range(targets_BT.shape[0]):
-    for t in range(targets_BT.shape[1]):
-      target = targets_BT[b, t]
-      if target == PAD_ID:
-        continue
-      soft = np.full(vocab, smoothing / vocab)
-      soft[target] += 1.0 - smoothing
-      loss += -(soft * log_probs[b, t]).sum()
-      nll += -log_probs[b, t, target]
-      correct += float(np.argmax(logits[b, t]) == target)
-      tokens += 1
+  for b, t, target, soft in _real_tokens(targets_BT, logits.shape[-1], smoothing):
+    loss += -(soft * log_probs[b, t]).sum()
+    nll += -log_probs[b, t, target]
+    correct += float(np.argmax(logits[b, t]) == target)
+    tokens += 1
   return loss, nll, correct, tokens
 
 
@@ -50,15 +54,9 @@ def _reference_grad(logits_BTV, targets_BT, smoothing, loss_scale, nll_scale):
   probs /= probs.sum(-1, keepdims=True)
   vocab = logits.shape[-1]
   grad = np.zeros_like(logits)
-  for b in range(targets_BT.shape[0]):
-    for t in range(targets_BT.shape[1]):
-      target = targets_BT[b, t]
-      if target == PAD_ID:
-        continue
-      soft = np.full(vocab, smoothing / vocab)
-      soft[target] += 1.0 - smoothing
-      onehot = np.eye(vocab)[target]
-      grad[b, t] = loss_scale * (probs[b, t] - soft) + nll_scale * (probs[b, t] - onehot)
+  for b, t, target, soft in _real_tokens(targets_BT, vocab, smoothing):
+    onehot = np.eye(vocab)[target]
+    grad[b, t] = loss_scale * (probs[b, t] - soft) + nll_scale * (probs[b, t] - onehot)
   return grad
 
 
