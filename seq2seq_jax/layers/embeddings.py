@@ -70,16 +70,17 @@ def output_logits(x_BTD: Array, table_VD: Array) -> Array:
 
 
 def _output_logits_fwd(x_BTD: Array, table_VD: Array) -> tuple[Array, tuple[Array, Array]]:
-  return output_logits(x_BTD, table_VD), (x_BTD, table_VD)
+  return output_logits.fun(x_BTD, table_VD), (x_BTD, table_VD)
 
 
 def _output_logits_bwd(residuals: tuple[Array, Array], g_BTV: Array) -> tuple[Array, Array]:
+  # As JAX's own dot transpose: the cotangent in the operands' dtype, each result in
+  # its primal's dtype (XLA's CPU dots have no bf16 x bf16 -> f32 for these shapes).
   x_BTD, table_VD = residuals
   g_BTV = g_BTV.astype(x_BTD.dtype)
-  dx_BTD = jnp.einsum("BTV,VD->BTD", g_BTV, table_VD,
-                      preferred_element_type=jnp.float32).astype(x_BTD.dtype)
-  dtable_DV = jnp.einsum("BTD,BTV->DV", x_BTD, g_BTV, preferred_element_type=jnp.float32)
-  return dx_BTD, dtable_DV.T.astype(table_VD.dtype)
+  dx_BTD = jnp.einsum("BTV,VD->BTD", g_BTV, table_VD, preferred_element_type=x_BTD.dtype)
+  dtable_DV = jnp.einsum("BTD,BTV->DV", x_BTD, g_BTV, preferred_element_type=table_VD.dtype)
+  return dx_BTD, dtable_DV.T
 
 
 output_logits.defvjp(_output_logits_fwd, _output_logits_bwd)
