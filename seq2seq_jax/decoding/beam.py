@@ -25,12 +25,22 @@ def length_penalty(length: Array | int, alpha: float) -> Array:
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+def _gathers_itself(node) -> bool:
+  return callable(getattr(type(node), "gather_rows", None))
+
+
+def _num_rows(node) -> int:
+  return next(jnp.shape(leaf)[0] for leaf in jax.tree_util.tree_leaves(node) if jnp.ndim(leaf))
+
+
 def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
   """Repeats the rows of every non-scalar leaf ``beam_size`` times: ``[B, ...] -> [B*W, ...]``.
 
   Row ``b * W + w`` is a copy of row ``b``. Leaves are told apart by their structure
   (rank), never by name: scalars are shared by all beams and returned as they are.
-  Use it to tile encoder memory before closing ``step_fn`` over it.
+  A node with a ``gather_rows(rows)`` method (``layers.attention.KVCache``) gets
+  ``gather_rows(repeat(arange(B), W))`` instead. Use it to tile encoder memory
+  before closing ``step_fn`` over it.
 
   Example:
     >>> expand_to_beams({"x": jnp.array([[1], [2]]), "index": jnp.array(0)}, 2)["x"][:, 0]
@@ -40,10 +50,12 @@ def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
     raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
 
   def expand(leaf):
+    if _gathers_itself(leaf):
+      return leaf.gather_rows(jnp.repeat(jnp.arange(_num_rows(leaf)), beam_size))
     leaf = jnp.asarray(leaf)
     return leaf if leaf.ndim == 0 else jnp.repeat(leaf, beam_size, axis=0)
 
-  return jax.tree_util.tree_map(expand, tree)
+  return jax.tree_util.tree_map(expand, tree, is_leaf=_gathers_itself)
 
 
 def gather_beams(tree: PyTree, beam_indices_BW: Array, *, flat: bool) -> PyTree:
@@ -57,21 +69,30 @@ def gather_beams(tree: PyTree, beam_indices_BW: Array, *, flat: bool) -> PyTree:
 
   Returns:
     The same structure with leaves ``[B, W, ...]`` (or ``[B * W, ...]`` when flat):
-    ``out[b, w] = leaf[b, beam_indices_BW[b, w]]``.
+    ``out[b, w] = leaf[b, beam_indices_BW[b, w]]``. In flat mode a node with a
+    ``gather_rows(rows_N)`` method (``layers.attention.KVCache``, which moves only
+    its slot table) is handed the flat row indices instead of being gathered leaf
+    by leaf.
   """
   batch, new_width = beam_indices_BW.shape
 
+  def flat_rows(num_rows):
+    rows_B1 = jnp.arange(batch, dtype=beam_indices_BW.dtype)[:, None] * (num_rows // batch)
+    return (rows_B1 + beam_indices_BW).reshape(batch * new_width)
+
   def gather(leaf):
+    if _gathers_itself(leaf):
+      if not flat:
+        raise ValueError(f"{type(leaf).__name__} reorders flat rows; gather it with flat=True")
+      return leaf.gather_rows(flat_rows(_num_rows(leaf)))
     leaf = jnp.asarray(leaf)
     if leaf.ndim == 0:
       return leaf
     if not flat:
       return jax.vmap(lambda rows, ids: rows[ids])(leaf, beam_indices_BW)
-    old_width = leaf.shape[0] // batch
-    rows_B1 = jnp.arange(batch, dtype=beam_indices_BW.dtype)[:, None] * old_width
-    return leaf[(rows_B1 + beam_indices_BW).reshape(batch * new_width)]
+    return leaf[flat_rows(leaf.shape[0])]
 
-  return jax.tree_util.tree_map(gather, tree)
+  return jax.tree_util.tree_map(gather, tree, is_leaf=_gathers_itself)
 
 
 class BeamState(NamedTuple):
@@ -101,7 +122,8 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
 
   The cache comes in at batch B: every non-scalar leaf is expanded on axis 0 to
   ``B * W`` and gathered as beams are reordered, by structure, never by leaf name;
-  scalar leaves (a position counter) are shared. Memory that ``step_fn`` closes over
+  scalar leaves (a position counter) are shared; a node with a ``gather_rows``
+  method reorders itself (see ``gather_beams``). Memory that ``step_fn`` closes over
   must be tiled by the caller with ``expand_to_beams(memory, beam_size)``.
 
   Args:

@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -173,6 +174,24 @@ class MultiHeadAttention(nn.Module):
     out_BTD = self.out(out_BTHK)
     return (out_BTD, weights_BHTS) if return_weights else out_BTD
 
+  def attend_one(self, inputs_q_B1D: Array, k_BHKS: Array, v_BHKS: Array,
+                 valid_BS: Array) -> Array:
+    """One query per row against keys and values stored ``[B, H, K, S]``: ``out_B1D``.
+
+    Cross attention while decoding: with the memory in this layout both
+    contractions read it as it lies, so a step copies none of it. ``valid_BS`` is
+    True where a key may be attended. No dropout (decoding is deterministic).
+    """
+    q_BHK = self.query(inputs_q_B1D)[:, 0]
+    dtype = q_BHK.dtype
+    q_BHK = q_BHK / jnp.sqrt(self.head_dim).astype(dtype)
+    logits_BHS = jnp.einsum("BHK,BHKS->BHS", q_BHK, k_BHKS.astype(dtype),
+                            preferred_element_type=jnp.float32)
+    logits_BHS = jnp.where(valid_BS[:, None, :], logits_BHS, NEG_INF)
+    weights_BHS = jax.nn.softmax(logits_BHS, axis=-1).astype(dtype)
+    out_BHK = jnp.einsum("BHKS,BHS->BHK", v_BHKS.astype(dtype), weights_BHS)
+    return self.out(out_BHK[:, None])
+
   def __call__(self, inputs_q_BTD: Array, inputs_kv_BSD: Array, mask: Array | None = None, *,
                deterministic: bool = True, return_weights: bool = False):
     """Returns ``out_BTD``, or ``(out_BTD, weights_BHTS)`` with ``return_weights``."""
@@ -180,43 +199,143 @@ class MultiHeadAttention(nn.Module):
     return self.attend(inputs_q_BTD, k_BSHK, v_BSHK, mask, deterministic=deterministic,
                        return_weights=return_weights)
 
-  def step(self, inputs_q_B1D: Array, cache_k: Array, cache_v: Array, index: Array, *,
-           layer: int | None = None, extra_mask: Array | None = None
-           ) -> tuple[Array, Array, Array]:
+  def step(self, inputs_q_B1D: Array, cache: KVCache, index: Array, *, layer: int = 0,
+           block_size: int = 32) -> tuple[Array, KVCache]:
     """Causal self attention for one new position, written into the cache at ``index``.
 
     Args:
       inputs_q_B1D: the new position's input.
-      cache_k: keys ``[B, T, H, K]``, or ``[B, L, T, H, K]`` stacked over layers
-        when ``layer`` is given; rows at positions >= index are ignored.
-      cache_v: values, shaped like ``cache_k``.
+      cache: the keys and values of positions < ``index`` (see ``KVCache``).
       index: int32 scalar, the position being decoded.
-      layer: which slice of a stacked cache is this layer's. Writing into the
-        stacked buffer in place avoids copying a whole layer's cache per step.
-      extra_mask: optional bool mask ``[B, 1, 1, T]`` ANDed with the causal one.
+      layer: which layer's slice of the stacked cache is this one's.
+      block_size: positions read per block; only blocks up to ``index`` are read.
 
     Returns:
-      ``(out_B1D, cache_k, cache_v)`` with position ``index`` filled in.
+      ``(out_B1D, cache)`` with position ``index`` filled in.
     """
     k_B1HK, v_B1HK = self.project_kv(inputs_q_B1D)
+    cache = cache.write(k_B1HK[:, 0], v_B1HK[:, 0], index, layer)
+    q_BHK = self.query(inputs_q_B1D)[:, 0]
+    q_BHK = q_BHK / jnp.sqrt(self.head_dim).astype(q_BHK.dtype)
+    out_BHK = cache.attend(q_BHK, index, layer, block_size=block_size)
+    return self.out(out_BHK[:, None]), cache
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Self-attention keys and values for incremental decoding, reordered by pointer.
+
+  Row ``n`` writes its key and value for position ``t`` at ``key[n, layer, t]``,
+  and ``slots[n, t]`` names the row that holds position ``t`` of row ``n``'s
+  history. Beam search reorders rows through ``gather_rows``, which moves only
+  the ``[N, T]`` slot table: no step copies the ``[N, L, T, H, K]`` buffers, and
+  ``attend`` reads only the blocks up to the current position. A position is
+  written once, at the step that decodes it, so the entries a slot points to
+  are never overwritten.
+
+  Attributes:
+    key: ``[N, L, T, H, K]``, one slice per decoder layer.
+    value: shaped like ``key``.
+    slots: int32 ``[N, T]``.
+
+  Example:
+    >>> cache = KVCache.zeros(rows=2, layers=1, length=4, heads=1, head_dim=3)
+    >>> cache = cache.write(jnp.ones((2, 1, 3)), jnp.ones((2, 1, 3)), jnp.int32(0), layer=0)
+    >>> cache.attend(jnp.ones((2, 1, 3)), jnp.int32(0), 0).shape
+    (2, 1, 3)
+  """
+
+  key: Array
+  value: Array
+  slots: Array
+
+  @classmethod
+  def zeros(cls, *, rows: int, layers: int, length: int, heads: int, head_dim: int,
+            dtype: Any = jnp.float32) -> KVCache:
+    """An empty cache for ``length`` positions."""
+    shape = (rows, layers, length, heads, head_dim)
+    slots_NT = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None], (rows, length))
+    return cls(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype), slots=slots_NT)
+
+  @property
+  def length(self) -> int:
+    """T, the positions the cache holds."""
+    return self.key.shape[2]
+
+  def write(self, k_NHK: Array, v_NHK: Array, index: Array, layer: int) -> KVCache:
+    """Stores each row's key and value for position ``index`` of ``layer``, in place.
+
+    ``dynamic_update_slice`` clamps an out-of-range index instead of failing; the
+    models guard against that by poisoning the logits of such a step with NaN.
+    """
+    rows = self.key.shape[0]
     zero = jnp.zeros((), index.dtype)
-    if layer is None:
-      start = (zero, index, zero, zero)
-      new_k, new_v = k_B1HK, v_B1HK
-    else:
-      start = (zero, jnp.asarray(layer, index.dtype), index, zero, zero)
-      new_k, new_v = k_B1HK[:, None], v_B1HK[:, None]
-    # dynamic_update_slice clamps an out-of-range index instead of failing; the
-    # models guard against that by poisoning the logits of such a step with NaN.
-    cache_k = jax.lax.dynamic_update_slice(cache_k, new_k.astype(cache_k.dtype), start)
-    cache_v = jax.lax.dynamic_update_slice(cache_v, new_v.astype(cache_v.dtype), start)
-    k_BTHK = cache_k if layer is None else cache_k[:, layer]
-    v_BTHK = cache_v if layer is None else cache_v[:, layer]
-    length = k_BTHK.shape[1]
-    mask_111T = (jnp.arange(length) <= index)[None, None, None, :]
-    mask = combine_masks(mask_111T, extra_mask)
-    out_B1D = self.attend(inputs_q_B1D, k_BTHK, v_BTHK, mask)
-    return out_B1D, cache_k, cache_v
+    start = (zero, jnp.asarray(layer, index.dtype), index, zero, zero)
+    key = jax.lax.dynamic_update_slice(self.key, k_NHK[:, None, None].astype(self.key.dtype), start)
+    value = jax.lax.dynamic_update_slice(self.value, v_NHK[:, None, None].astype(self.value.dtype),
+                                         start)
+    own_N1 = jnp.arange(rows, dtype=self.slots.dtype)[:, None]
+    slots = jax.lax.dynamic_update_slice(self.slots, own_N1, (zero, index))
+    return KVCache(key=key, value=value, slots=slots)
+
+  def gather_rows(self, rows_M: Array) -> KVCache:
+    """The cache whose row ``m`` continues row ``rows_M[m]``'s history.
+
+    With as many rows as before (a beam search step) only the slot table moves;
+    with another count (``expand_to_beams``) the histories are copied out.
+    """
+    if rows_M.shape[0] == self.slots.shape[0]:
+      return self.replace(slots=self.slots[rows_M])
+    key, value = self.resolved()
+    rows = rows_M.shape[0]
+    own_MT = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None], (rows, self.length))
+    return KVCache(key=key[rows_M], value=value[rows_M], slots=own_MT)
+
+  def resolved(self) -> tuple[Array, Array]:
+    """Keys and values ``[N, L, T, H, K]`` in each row's own history order."""
+    positions_1T = jnp.arange(self.length)[None, :]
+    take = lambda buf: jnp.moveaxis(buf[self.slots, :, positions_1T], 2, 1)  # [N, T, L, ...]
+    return take(self.key), take(self.value)
+
+  def attend(self, q_NHK: Array, index: Array, layer: int, *, block_size: int = 32) -> Array:
+    """One query per row over positions ``<= index`` of ``layer``: ``out_NHK``.
+
+    ``q_NHK`` comes already scaled by ``1 / sqrt(K)``. Reads the cache in blocks of
+    ``block_size`` positions, only those up to ``index`` (a ``lax.fori_loop`` with
+    a traced trip count), combining them with a running maximum and sum in float32
+    (the streaming softmax of flash attention), so a step's cost grows with the
+    position decoded rather than the cache's length.
+    """
+    length = self.length
+    block = min(block_size, length)
+    num_blocks = jnp.minimum(index // block + 1, -(-length // block))
+    dtype = q_NHK.dtype
+    rows, heads, width = q_NHK.shape
+
+    def body(b, carry):
+      max_NH, sum_NH, acc_NHK = carry
+      # The last block is clamped to end at the cache's end; positions an earlier
+      # block already read are masked out, so none is counted twice.
+      start = jnp.minimum(b * block, length - block)
+      positions_S = start + jnp.arange(block)
+      slots_NS = jax.lax.dynamic_slice_in_dim(self.slots, start, block, axis=1)
+      k_NSHK = self.key[slots_NS, layer, positions_S[None, :]].astype(dtype)
+      v_NSHK = self.value[slots_NS, layer, positions_S[None, :]].astype(dtype)
+      scores_NHS = jnp.einsum("NHK,NSHK->NHS", q_NHK, k_NSHK, preferred_element_type=jnp.float32)
+      valid_S = jnp.logical_and(positions_S >= b * block, positions_S <= index)
+      scores_NHS = jnp.where(valid_S, scores_NHS, NEG_INF)
+      new_max_NH = jnp.maximum(max_NH, scores_NHS.max(axis=-1))
+      weights_NHS = jnp.exp(scores_NHS - new_max_NH[..., None])
+      rescale_NH = jnp.exp(max_NH - new_max_NH)
+      sum_NH = sum_NH * rescale_NH + weights_NHS.sum(axis=-1)
+      acc_NHK = acc_NHK * rescale_NH[..., None] + jnp.einsum(
+          "NHS,NSHK->NHK", weights_NHS.astype(dtype), v_NSHK, preferred_element_type=jnp.float32)
+      return new_max_NH, sum_NH, acc_NHK
+
+    init = (jnp.full((rows, heads), NEG_INF, jnp.float32), jnp.zeros((rows, heads), jnp.float32),
+            jnp.zeros((rows, heads, width), jnp.float32))
+    _, sum_NH, acc_NHK = jax.lax.fori_loop(0, num_blocks, body, init)
+    return (acc_NHK / sum_NH[..., None]).astype(dtype)
 
 
 # Attention for recurrent decoders (Bahdanau et al. 2015, Luong et al. 2015). One

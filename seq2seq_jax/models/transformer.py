@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq_jax.configs import TransformerConfig, compute_dtype
-from seq2seq_jax.layers.attention import MultiHeadAttention, make_causal_mask, make_padding_mask
+from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
+                                          make_padding_mask)
 from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
 from seq2seq_jax.layers.feedforward import FeedForward
 from seq2seq_jax.models.base import check_decode_len, shift_right
@@ -97,50 +98,55 @@ class DecoderLayer(nn.Module):
     self.feed_forward_residual = _Residual(c)
 
   def cross_kv(self, encoded_BSD: Array) -> tuple[Array, Array]:
-    """This layer's cross-attention keys and values ``[B, S, H, K]``."""
-    return self.cross_attention.project_kv(encoded_BSD)
+    """This layer's cross-attention keys and values ``[B, H, K, S]``.
 
-  def _cross_and_feed_forward(self, y_BTD, cross_k_BSHK, cross_v_BSHK, cross_mask_B11S,
-                              deterministic):
-    h_BTD = self.cross_residual.before(y_BTD)
-    h_BTD, cross_BHTS = self.cross_attention.attend(
-        h_BTD, cross_k_BSHK, cross_v_BSHK, cross_mask_B11S, deterministic=deterministic,
-        return_weights=True)
-    y_BTD = self.cross_residual.after(y_BTD, h_BTD, deterministic)
+    The layout the dots of a decoding step read directly: stored this way once per
+    source, no step copies or transposes the encoder's memory.
+    """
+    k_BSHK, v_BSHK = self.cross_attention.project_kv(encoded_BSD)
+    return jnp.transpose(k_BSHK, (0, 2, 3, 1)), jnp.transpose(v_BSHK, (0, 2, 3, 1))
+
+  def _feed_forward(self, y_BTD: Array, deterministic: bool) -> Array:
     h_BTD = self.feed_forward(self.feed_forward_residual.before(y_BTD), deterministic=deterministic)
-    return self.feed_forward_residual.after(y_BTD, h_BTD, deterministic), cross_BHTS
+    return self.feed_forward_residual.after(y_BTD, h_BTD, deterministic)
 
-  def __call__(self, y_BTD: Array, causal_B1TT: Array, cross_k_BSHK: Array, cross_v_BSHK: Array,
+  def __call__(self, y_BTD: Array, causal_B1TT: Array, cross_k_BHKS: Array, cross_v_BHKS: Array,
                cross_mask_B11S: Array, *, deterministic: bool):
     """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``."""
     h_BTD = self.self_residual.before(y_BTD)
     h_BTD, self_BHTT = self.self_attention(h_BTD, h_BTD, causal_B1TT, deterministic=deterministic,
                                            return_weights=True)
     y_BTD = self.self_residual.after(y_BTD, h_BTD, deterministic)
-    y_BTD, cross_BHTS = self._cross_and_feed_forward(y_BTD, cross_k_BSHK, cross_v_BSHK,
-                                                     cross_mask_B11S, deterministic)
-    return y_BTD, self_BHTT, cross_BHTS
+    h_BTD = self.cross_residual.before(y_BTD)
+    to_BSHK = lambda x: jnp.transpose(x, (0, 3, 1, 2))
+    h_BTD, cross_BHTS = self.cross_attention.attend(
+        h_BTD, to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B11S,
+        deterministic=deterministic, return_weights=True)
+    y_BTD = self.cross_residual.after(y_BTD, h_BTD, deterministic)
+    return self._feed_forward(y_BTD, deterministic), self_BHTT, cross_BHTS
 
-  def step(self, y_B1D: Array, cache_k: Array, cache_v: Array, index: Array, layer: int,
-           cross_k_BSHK: Array, cross_v_BSHK: Array, cross_mask_B11S: Array):
-    """One decoding position; ``cache_k`` / ``cache_v`` are stacked ``[B, L, T, H, K]``."""
+  def step(self, y_B1D: Array, cache: KVCache, index: Array, layer: int, cross_k_BHKS: Array,
+           cross_v_BHKS: Array, source_valid_BS: Array) -> tuple[Array, KVCache]:
+    """One decoding position; ``cache`` holds every decoder layer, this one is ``layer``."""
     h_B1D = self.self_residual.before(y_B1D)
-    h_B1D, cache_k, cache_v = self.self_attention.step(h_B1D, cache_k, cache_v, index, layer=layer)
+    h_B1D, cache = self.self_attention.step(h_B1D, cache, index, layer=layer)
     y_B1D = self.self_residual.after(y_B1D, h_B1D, True)
-    y_B1D, _ = self._cross_and_feed_forward(y_B1D, cross_k_BSHK, cross_v_BSHK, cross_mask_B11S,
-                                            True)
-    return y_B1D, cache_k, cache_v
+    h_B1D = self.cross_attention.attend_one(self.cross_residual.before(y_B1D), cross_k_BHKS,
+                                            cross_v_BHKS, source_valid_BS)
+    y_B1D = self.cross_residual.after(y_B1D, h_B1D, True)
+    return self._feed_forward(y_B1D, True), cache
 
 
 class Transformer(nn.Module):
   """Encoder-decoder Transformer with the model contract of DESIGN.md.
 
   Memory (from ``encode``) is a dict of arrays with a leading batch axis:
-  ``encoded`` [B, S, D], ``source_valid`` [B, S] bool, and each decoder layer's
-  cross-attention keys and values ``cross_key`` / ``cross_value`` [B, L, S, H, K],
-  computed once per source rather than once per decoding step. The cache (from
-  ``init_cache``) holds ``index`` (int32 scalar, the next position) and the self
-  attention keys and values ``self_key`` / ``self_value`` [B, L, T, H, K].
+  ``encoded`` [B, S, D], ``source_valid`` [B, S] bool, and the cross-attention keys
+  and values ``cross_key`` / ``cross_value``: a tuple with one [B, H, K, S] array per
+  decoder layer, computed once per source rather than once per decoding step. The cache (from
+  ``init_cache``) holds ``index`` (int32 scalar, the next position) and
+  ``self_attention``, a ``KVCache`` of the decoder's self-attention keys and values
+  [B, L, T, H, K] that beam search reorders by its slot table, not by copying.
   """
 
   config: TransformerConfig
@@ -188,7 +194,7 @@ class Transformer(nn.Module):
       x_BSD = self.encoder_norm(x_BSD)
     keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
     memory = {"encoded": x_BSD, "source_valid": inputs_BS != PAD_ID,
-              "cross_key": jnp.stack(keys, axis=1), "cross_value": jnp.stack(values, axis=1)}
+              "cross_key": tuple(keys), "cross_value": tuple(values)}
     if return_attention:
       return memory, jnp.stack(weights)
     return memory
@@ -217,7 +223,7 @@ class Transformer(nn.Module):
     self_weights, cross_weights = [], []
     for i, layer in enumerate(self.decoder_layers):
       y_BTD, self_BHTT, cross_BHTS = layer(
-          y_BTD, causal_B1TT, memory["cross_key"][:, i], memory["cross_value"][:, i],
+          y_BTD, causal_B1TT, memory["cross_key"][i], memory["cross_value"][i],
           cross_mask_B11S, deterministic=deterministic)
       self_weights.append(self_BHTT)
       cross_weights.append(cross_BHTS)
@@ -246,12 +252,11 @@ class Transformer(nn.Module):
   def init_cache(self, memory: PyTree, max_decode_len: int) -> dict[str, Any]:
     """An empty self-attention cache for up to ``max_decode_len`` decoding steps."""
     check_decode_len(max_decode_len, self.config.max_len, "TransformerConfig")
-    batch = memory["encoded"].shape[0]
     c = self.config
-    shape = (batch, c.num_decoder_layers, max_decode_len, c.num_heads, c.head_dim)
-    dtype = compute_dtype(c.dtype)
-    return {"index": jnp.zeros((), jnp.int32),
-            "self_key": jnp.zeros(shape, dtype), "self_value": jnp.zeros(shape, dtype)}
+    kv = KVCache.zeros(rows=memory["encoded"].shape[0], layers=c.num_decoder_layers,
+                       length=max_decode_len, heads=c.num_heads, head_dim=c.head_dim,
+                       dtype=compute_dtype(c.dtype))
+    return {"index": jnp.zeros((), jnp.int32), "self_attention": kv}
 
   def decode_step(self, memory: PyTree, tokens_B: Array, cache: dict[str, Any]):
     """Decodes one position: ``tokens_B`` is the previous token (BOS at the start).
@@ -261,14 +266,12 @@ class Transformer(nn.Module):
     overwriting the last cached position.
     """
     index = cache["index"]
-    cache_k, cache_v = cache["self_key"], cache["self_value"]
+    kv = cache["self_attention"]
     y_B1D = self.target_embedding(tokens_B[:, None])
     y_B1D = self.target_positions(y_B1D, offset=index)
-    cross_mask_B11S = memory["source_valid"][:, None, None, :]
     for i, layer in enumerate(self.decoder_layers):
-      y_B1D, cache_k, cache_v = layer.step(y_B1D, cache_k, cache_v, index, i,
-                                           memory["cross_key"][:, i], memory["cross_value"][:, i],
-                                           cross_mask_B11S)
+      y_B1D, kv = layer.step(y_B1D, kv, index, i, memory["cross_key"][i],
+                             memory["cross_value"][i], memory["source_valid"])
     logits_BV = self._logits(y_B1D)[:, 0]
-    logits_BV = jnp.where(index < cache_k.shape[2], logits_BV, jnp.nan)
-    return logits_BV, {"index": index + 1, "self_key": cache_k, "self_value": cache_v}
+    logits_BV = jnp.where(index < kv.length, logits_BV, jnp.nan)
+    return logits_BV, {"index": index + 1, "self_attention": kv}

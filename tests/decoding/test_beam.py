@@ -10,6 +10,7 @@ import pytest
 from decoding_toys import MarkovToy, PrefixToy, run_jit
 from seq2seq_jax.decoding import (beam_search, expand_to_beams, gather_beams, greedy_search,
                                   length_penalty)
+from seq2seq_jax.layers.attention import KVCache
 from seq2seq_jax.types import BOS_ID, EOS_ID, NEG_INF, PAD_ID
 
 
@@ -55,6 +56,26 @@ def test_gather_beams_flat_and_unflat():
   flat_NLX = jnp.arange(6 * 2 * 3).reshape(6, 2, 3)
   out = gather_beams(flat_NLX, beams_BW, flat=True)
   np.testing.assert_array_equal(out, flat_NLX[jnp.array([2, 0, 4, 4])])
+
+
+def test_nodes_with_gather_rows_reorder_themselves():
+  cache = KVCache.zeros(rows=2, layers=1, length=3, heads=1, head_dim=2)
+  for t in range(2):
+    rows = jnp.arange(2, dtype=jnp.float32)[:, None, None] + 10 * t
+    cache = cache.write(rows + 1, rows + 5, jnp.int32(t), 0)
+  tree = {"kv": cache, "index": jnp.int32(2), "h": jnp.arange(2)}
+  tiled = expand_to_beams(tree, 3)
+  assert isinstance(tiled["kv"], KVCache) and tiled["kv"].key.shape == (6, 1, 3, 1, 2)
+  np.testing.assert_array_equal(tiled["h"], [0, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(tiled["kv"].resolved()[0][:, 0, :2, 0, 0],
+                                np.repeat(cache.resolved()[0][:, 0, :2, 0, 0], 3, axis=0))
+  beams_BW = jnp.array([[2, 2, 0], [1, 0, 0]])
+  out = gather_beams(tiled, beams_BW, flat=True)
+  assert out["kv"].key is tiled["kv"].key  # the buffers stay where they are
+  np.testing.assert_array_equal(out["kv"].resolved()[0],
+                                tiled["kv"].resolved()[0][jnp.array([2, 2, 0, 4, 3, 3])])
+  with pytest.raises(ValueError, match="flat=True"):
+    gather_beams({"kv": cache}, jnp.zeros((2, 1), jnp.int32), flat=False)
 
 
 def test_cache_leaves_without_the_batch_axis_are_refused():

@@ -134,20 +134,82 @@ def test_bfloat16_softmax_runs_in_float32():
   np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=5e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("stacked", [False, True])
-def test_multi_head_step_matches_full_causal_attention(stacked):
+@pytest.mark.parametrize("block_size", [2, 3, 32])  # several blocks, a clamped last block, one
+def test_multi_head_step_matches_full_causal_attention(block_size):
   D, L, layer = 10, 3, 1
   mha = attention.MultiHeadAttention(num_heads=H, head_dim=K, out_dim=D)
   x_BTD = jax.random.normal(jax.random.key(1), (B, S, D))
   params = mha.init(jax.random.key(0), x_BTD, x_BTD)
   causal = attention.make_causal_mask(jnp.ones((B, S), jnp.int32))
   full_BTD = mha.apply(params, x_BTD, x_BTD, causal)
-  shape = (B, L, S, H, K) if stacked else (B, S, H, K)
-  cache_k = cache_v = jnp.zeros(shape)
+  cache = attention.KVCache.zeros(rows=B, layers=L, length=S, heads=H, head_dim=K)
+  step = jax.jit(lambda x, c, t: mha.apply(params, x, c, t, layer=layer, block_size=block_size,
+                                           method="step"))
   for t in range(S):
-    out_B1D, cache_k, cache_v = mha.apply(params, x_BTD[:, t:t + 1], cache_k, cache_v,
-                                          jnp.int32(t), layer=layer if stacked else None,
-                                          method="step")
+    out_B1D, cache = step(x_BTD[:, t:t + 1], cache, jnp.int32(t))
     np.testing.assert_allclose(out_B1D[:, 0], full_BTD[:, t], rtol=1e-5, atol=1e-5)
-  if stacked:  # other layers' slices are untouched
-    assert not np.any(cache_k[:, 0]) and not np.any(cache_k[:, 2]) and np.all(cache_k[:, 1] != 0)
+  # Other layers' slices are untouched.
+  assert not np.any(cache.key[:, 0]) and not np.any(cache.key[:, 2]) and np.all(cache.key[:, 1])
+
+
+def _written_cache(rng, rows, length, filled):
+  """A KVCache with random keys and values at positions < filled, written through ``write``."""
+  cache = attention.KVCache.zeros(rows=rows, layers=2, length=length, heads=H, head_dim=K)
+  for t in range(filled):
+    for layer in range(2):
+      k, v = (jnp.asarray(rng.standard_normal((rows, H, K)), jnp.float32) for _ in range(2))
+      cache = cache.write(k, v, jnp.int32(t), layer)
+  return cache
+
+
+def _reference_step(q_NHK, key_NLTHK, value_NLTHK, layer, index):
+  """One query per row over positions <= index, float64."""
+  k = np.asarray(key_NLTHK, np.float64)[:, layer, :index + 1]
+  v = np.asarray(value_NLTHK, np.float64)[:, layer, :index + 1]
+  scores = np.einsum("nhk,nshk->nhs", np.asarray(q_NHK, np.float64), k)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum("nhs,nshk->nhk", weights, v)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 4, 7, 64])
+def test_kv_cache_reads_blocks_up_to_the_position_only(block_size):
+  rng = np.random.default_rng(0)
+  cache = _written_cache(rng, rows=3, length=7, filled=5)
+  q_NHK = jnp.asarray(rng.standard_normal((3, H, K)), jnp.float32)
+  for index in range(5):
+    got = cache.attend(q_NHK, jnp.int32(index), 1, block_size=block_size)
+    np.testing.assert_allclose(got, _reference_step(q_NHK, cache.key, cache.value, 1, index),
+                               rtol=1e-5, atol=1e-5, err_msg=f"index {index}")
+  # Garbage past the position must not leak in: positions >= 5 were never written,
+  # so fill them with huge values and read again at index 4.
+  poisoned = cache.replace(key=cache.key.at[:, :, 5:].set(1e4), value=cache.value.at[:, :, 5:].set(1e4))
+  np.testing.assert_allclose(poisoned.attend(q_NHK, jnp.int32(4), 1, block_size=block_size),
+                             cache.attend(q_NHK, jnp.int32(4), 1, block_size=block_size),
+                             rtol=1e-6)
+
+
+def test_kv_cache_gather_rows_moves_histories_without_copying_buffers():
+  rng = np.random.default_rng(1)
+  rows, length = 4, 6
+  cache = _written_cache(rng, rows=rows, length=length, filled=2)
+  # Reference: the same history kept by copying rows physically, as a plain gather would.
+  copied_k, copied_v = (np.asarray(a) for a in cache.resolved())
+  for t, parents in ((2, [1, 1, 3, 0]), (3, [2, 0, 0, 3]), (4, [3, 3, 1, 2])):
+    cache = cache.gather_rows(jnp.array(parents))
+    copied_k, copied_v = copied_k[parents], copied_v[parents]
+    k, v = (jnp.asarray(rng.standard_normal((rows, H, K)), jnp.float32) for _ in range(2))
+    cache = cache.write(k, v, jnp.int32(t), 0)
+    copied_k[:, 0, t], copied_v[:, 0, t] = k, v
+    got_k, got_v = cache.resolved()
+    np.testing.assert_array_equal(np.asarray(got_k)[:, :, :t + 1], copied_k[:, :, :t + 1])
+    np.testing.assert_array_equal(np.asarray(got_v)[:, :, :t + 1], copied_v[:, :, :t + 1])
+    q_NHK = jnp.asarray(rng.standard_normal((rows, H, K)), jnp.float32)
+    np.testing.assert_allclose(cache.attend(q_NHK, jnp.int32(t), 0, block_size=2),
+                               _reference_step(q_NHK, copied_k, copied_v, 0, t),
+                               rtol=1e-5, atol=1e-5)
+  # A different row count (tiling for beams) copies the histories out.
+  tiled = cache.gather_rows(jnp.repeat(jnp.arange(rows), 2))
+  assert tiled.key.shape[0] == 2 * rows
+  np.testing.assert_array_equal(np.asarray(tiled.resolved()[0])[:, :, :5],
+                                np.repeat(copied_k, 2, axis=0)[:, :, :5])
