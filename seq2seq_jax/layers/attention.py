@@ -334,7 +334,10 @@ class KVCache:
 
     init = (jnp.full((rows, heads), NEG_INF, jnp.float32), jnp.zeros((rows, heads), jnp.float32),
             jnp.zeros((rows, heads, width), jnp.float32))
-    _, sum_NH, acc_NHK = jax.lax.fori_loop(0, num_blocks, body, init)
+    if length <= block:  # one block: no inner loop
+      _, sum_NH, acc_NHK = body(0, init)
+    else:
+      _, sum_NH, acc_NHK = jax.lax.fori_loop(0, num_blocks, body, init)
     return (acc_NHK / sum_NH[..., None]).astype(dtype)
 
 
