@@ -15,6 +15,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from seq2seq_jax.layers.dropout import keep_mask
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array
 
 _IMPLEMENTATIONS = (None, "einsum", "xla", "cudnn")
@@ -120,7 +121,7 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
   if use_dropout:
     if dropout_rng is None:
       raise ValueError("dropout on attention weights needs dropout_rng when deterministic=False")
-    keep_BHTS = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights_BHTS.shape)
+    keep_BHTS = keep_mask(dropout_rng, dropout_rate, weights_BHTS.shape)
     dropped_BHTS = jnp.where(keep_BHTS, weights_BHTS / (1.0 - dropout_rate), 0.0)
     out_BTHK = jnp.einsum("BHTS,BSHK->BTHK", dropped_BHTS.astype(dtype), v_BSHK)
   else:

@@ -7,6 +7,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.types import Array
 
 
@@ -25,6 +26,6 @@ class FeedForward(nn.Module):
     h_BTF = nn.Dense(self.hidden_dim, dtype=self.dtype, kernel_init=self.kernel_init,
                      name="wi")(x_BTD)
     h_BTF = nn.relu(h_BTF) if self.activation == "relu" else nn.gelu(h_BTF)
-    h_BTF = nn.Dropout(self.dropout_rate)(h_BTF, deterministic=deterministic)
+    h_BTF = Dropout(self.dropout_rate)(h_BTF, deterministic=deterministic)
     return nn.Dense(self.out_dim, dtype=self.dtype, kernel_init=self.kernel_init,
                     name="wo")(h_BTF)

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.types import PAD_ID, Array, PyTree
 
 # Gate equations of the flax 0.12 cells (W_* act on the input x, U_* on the state h):
@@ -115,7 +116,7 @@ class RNNEncoder(nn.Module):
     finals = []
     for layer in range(self.num_layers):
       if layer > 0:
-        x_BSD = nn.Dropout(self.dropout_rate)(x_BSD, deterministic=deterministic)
+        x_BSD = Dropout(self.dropout_rate)(x_BSD, deterministic=deterministic)
       # Cells are named here so their parameters read encoder/forward_0/..., backward_0/...
       forward_cell = make_cell(self.cell, self.hidden_dim, dtype=self.dtype,
                                name=f"forward_{layer}")

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from seq2seq_jax.configs import DecomposableAttentionConfig, compute_dtype
 from seq2seq_jax.layers.attention import attention_context, luong_scores, masked_alignment
+from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import TokenEmbedding
 from seq2seq_jax.types import PAD_ID, Array
 
@@ -27,7 +28,7 @@ class _FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     for layer in range(2):
-      x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+      x = Dropout(self.dropout_rate)(x, deterministic=deterministic)
       x = nn.relu(nn.Dense(self.hidden_dim, dtype=self.dtype, name=f"dense_{layer}")(x))
     return x
 

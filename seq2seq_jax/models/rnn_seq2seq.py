@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from seq2seq_jax.configs import RNNConfig, compute_dtype
 from seq2seq_jax.layers.attention import AdditiveAttention, LuongAttention
+from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import TokenEmbedding
 from seq2seq_jax.layers.recurrent import (RNNEncoder, carry_hidden, make_cell, reverse_padded,
                                           sequence_lengths)
@@ -50,7 +51,7 @@ class _DecoderStep(nn.Module):
     elif cfg.attention in ("dot", "general"):
       self.attention = LuongAttention(cfg.attention, query_dim=cfg.hidden_dim, dtype=dtype)
     self.readout = nn.Dense(self.readout_dim, dtype=dtype, name="readout")
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def project_keys(self, encoded_BSD: Array) -> Array:
     return self.attention.project_keys(encoded_BSD)
@@ -151,7 +152,7 @@ class RNNSeq2Seq(nn.Module):
     self.step = _DecoderStep(cfg, readout_dim, name="decoder")
     if not cfg.tie_output:
       self.output = nn.Dense(cfg.vocab_size, dtype=dtype, name="output")
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def __call__(self, inputs_BS: Array, targets_BT: Array, *, deterministic: bool = True,
                return_attention: bool = False):

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from seq2seq_jax.configs import TransformerConfig, compute_dtype
 from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
                                           make_padding_mask)
+from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
 from seq2seq_jax.layers.feedforward import FeedForward
 from seq2seq_jax.models.base import check_decode_len, shift_right
@@ -47,7 +48,7 @@ class _Residual(nn.Module):
 
   def setup(self):
     self.norm = nn.LayerNorm(dtype=compute_dtype(self.config.dtype))
-    self.dropout = nn.Dropout(self.config.dropout_rate)
+    self.dropout = Dropout(self.config.dropout_rate)
 
   def before(self, x_BTD: Array) -> Array:
     """The sublayer's input."""
@@ -159,7 +160,7 @@ class Transformer(nn.Module):
                              TokenEmbedding(c.vocab_size, c.model_dim, dtype=dtype))
     self.source_positions = PositionEmbedding(c.max_len, c.model_dim, c.positions, dtype=dtype)
     self.target_positions = PositionEmbedding(c.max_len, c.model_dim, c.positions, dtype=dtype)
-    self.dropout = nn.Dropout(c.dropout_rate)
+    self.dropout = Dropout(c.dropout_rate)
     self.encoder_layers = [EncoderLayer(c) for _ in range(c.num_encoder_layers)]
     self.decoder_layers = [DecoderLayer(c) for _ in range(c.num_decoder_layers)]
     if c.norm == "pre":

@@ -1,0 +1,118 @@
+"""Dropout whose masks come from Philox-4x32-10, a counter-based generator that XLA vectorizes.
+
+``flax.linen.Dropout`` draws its masks with ``jax.random.bernoulli``, i.e. the
+threefry generator; on the XLA CPU backend that costs about 12 ns per value
+(measured here: 188 ms for 16 M 32-bit words on two cores), a large part of a
+Transformer training step, whose dropout layers need about 16 M values per
+T-small batch. Philox-4x32-10 (Salmon et al. 2011, "Parallel random numbers: as
+easy as 1, 2, 3"; the generator of cuRAND and of PyTorch's CUDA dropout) needs
+only 32-bit multiplies, adds and xors, which XLA fuses into one vectorized loop:
+about 27 ms for the same masks. Each call keys Philox with two 32-bit words drawn
+from the ``"dropout"`` rng stream (one threefry draw per call), and counts its
+elements from zero, so calls with different keys are independent streams.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seq2seq_jax.types import Array
+
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox-4x32 round multipliers
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # key schedule increments (golden ratio, sqrt(3) - 1)
+
+
+def _mulhilo(multiplier: int, x: Array) -> tuple[Array, Array]:
+  """High and low 32 bits of ``multiplier * x`` with uint32 arithmetic only (no x64)."""
+  m_lo, m_hi = jnp.uint32(multiplier & 0xFFFF), jnp.uint32(multiplier >> 16)
+  x_lo, x_hi = x & jnp.uint32(0xFFFF), x >> 16
+  p0, p1, p2, p3 = x_lo * m_lo, x_hi * m_lo, x_lo * m_hi, x_hi * m_hi
+  middle = (p0 >> 16) + (p1 & jnp.uint32(0xFFFF)) + (p2 & jnp.uint32(0xFFFF))
+  high = p3 + (p1 >> 16) + (p2 >> 16) + (middle >> 16)
+  return high, x * jnp.uint32(multiplier)
+
+
+def philox4x32(counter: tuple[Array, Array, Array, Array], key: tuple[Array, Array],
+               rounds: int = 10) -> tuple[Array, Array, Array, Array]:
+  """The Philox-4x32 block function: four uint32 words out per four-word counter.
+
+  Args:
+    counter: four uint32 arrays of one shape (the counter's words 0..3).
+    key: two uint32 scalars or arrays broadcastable to the counter.
+    rounds: 10 is the standard (and Crush-resistant) choice.
+
+  Returns:
+    Four uint32 arrays shaped like the counter words.
+
+  Example:
+    >>> zero = jnp.zeros((), jnp.uint32)
+    >>> [hex(int(w)) for w in philox4x32((zero,) * 4, (zero, zero))]
+    ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
+  """
+  c0, c1, c2, c3 = (jnp.asarray(c, jnp.uint32) for c in counter)
+  k0, k1 = (jnp.asarray(k, jnp.uint32) for k in key)
+  for r in range(rounds):
+    if r:
+      k0, k1 = k0 + jnp.uint32(_W0), k1 + jnp.uint32(_W1)
+    high0, low0 = _mulhilo(_M0, c0)
+    high1, low1 = _mulhilo(_M1, c2)
+    c0, c1, c2, c3 = high1 ^ c1 ^ k0, low1, high0 ^ c3 ^ k1, low0
+  return c0, c1, c2, c3
+
+
+def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> Array:
+  """bool mask, True with probability ``1 - rate`` independently per element.
+
+  Element ``i`` reads word 0 of the Philox-4x32-10 block at counter ``(i, 0, 0, 0)``
+  under a key of two words drawn from ``rng``, compared with ``round(rate *
+  2**32)``: the rate is exact to 2**-32. One block per element rather than four
+  elements per block: XLA then fuses the whole generator into the consumer as one
+  single-output loop (about 27 ms for 16 M elements here), where sharing a block
+  between four elements made its fusions recompute the rounds (over 1 s).
+
+  Example:
+    >>> float(keep_mask(jax.random.key(0), 0.25, (1000, 1000)).mean().round(2))
+    0.75
+  """
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout rate={rate} must be in [0, 1)")
+  size = int(np.prod(shape, dtype=np.int64))
+  if size >= 2 ** 32:
+    raise ValueError(f"a dropout mask of {size} elements exceeds the 2**32 Philox counters used")
+  key_words = jax.random.bits(rng, (2,), jnp.uint32)
+  counter = jax.lax.iota(jnp.uint32, size).reshape(shape)
+  zero = jnp.zeros((), jnp.uint32)
+  word, _, _, _ = philox4x32((counter, zero, zero, zero), (key_words[0], key_words[1]))
+  return word >= jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
+
+
+class Dropout(nn.Module):
+  """Inverted dropout with Philox masks: drop with probability ``rate``, scale the rest by ``1 / (1 - rate)``.
+
+  A drop-in for ``flax.linen.Dropout(rate)(x, deterministic=...)`` (no
+  ``broadcast_dims``), drawing from the same ``"dropout"`` rng stream.
+
+  Example:
+    >>> y = Dropout(0.5).apply({}, jnp.ones((4, 4)), deterministic=False,
+    ...                        rngs={"dropout": jax.random.key(0)})
+    >>> sorted(set(y.ravel().tolist()))
+    [0.0, 2.0]
+  """
+
+  rate: float
+  rng_collection: str = "dropout"
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate == 1.0:
+      return jnp.zeros_like(x)
+    # Computed once and kept: without the barrier XLA fuses the generator into every
+    # consumer of the mask, forward and backward, and runs it several times a step.
+    keep = jax.lax.optimization_barrier(
+        keep_mask(self.make_rng(self.rng_collection), self.rate, x.shape))
+    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
