@@ -86,11 +86,16 @@ def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> Array:
   counter = jax.lax.iota(jnp.uint32, size).reshape(shape)
   zero = jnp.zeros((), jnp.uint32)
   word, _, _, _ = philox4x32((counter, zero, zero, zero), (key_words[0], key_words[1]))
-  return word >= jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
+  keep = word >= jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
+  # Computed once and kept: without the barrier XLA fuses the generator into every
+  # consumer of the mask, forward and backward, and runs it several times a step.
+  return jax.lax.optimization_barrier(keep)
 
 
 class Dropout(nn.Module):
-  """Inverted dropout with Philox masks: drop with probability ``rate``, scale the rest by ``1 / (1 - rate)``.
+  """Inverted dropout with Philox masks: drops with probability ``rate``, scales the rest up.
+
+  Kept values are divided by ``1 - rate``, so the expectation is unchanged.
 
   A drop-in for ``flax.linen.Dropout(rate)(x, deterministic=...)`` (no
   ``broadcast_dims``), drawing from the same ``"dropout"`` rng stream.
@@ -111,8 +116,5 @@ class Dropout(nn.Module):
       return x
     if self.rate == 1.0:
       return jnp.zeros_like(x)
-    # Computed once and kept: without the barrier XLA fuses the generator into every
-    # consumer of the mask, forward and backward, and runs it several times a step.
-    keep = jax.lax.optimization_barrier(
-        keep_mask(self.make_rng(self.rng_collection), self.rate, x.shape))
+    keep = keep_mask(self.make_rng(self.rng_collection), self.rate, x.shape)
     return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
