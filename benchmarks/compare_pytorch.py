@@ -2,9 +2,11 @@
 
 Training: the library's T-small step (batch 64 x 24 tokens, dropout 0.1, label
 smoothing 0.1, AdamW, clipping) against the same model in eager
-``torch.nn.Transformer``, run in two worker processes, one with glibc's default
-malloc and one with its mmap / trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``): one step of each system in turn, every round.
+``torch.nn.Transformer``, run in three worker processes: one with glibc's default
+malloc, one with its mmap / trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``), and one with the malloc settings this process runs
+with (``seq2seq_jax.allocator.TUNED_MALLOC_ENV``; the script restarts itself with
+them unless ``--default-malloc``): one step of each system in turn, every round.
 
 Generation: 256 sources of 20 tokens in batches of 32, 24 output tokens, greedy and
 beam 4: ``generate`` (EOS suppressed with ``SuppressEOS``) against Hugging Face
@@ -35,7 +37,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 EOS_TOKEN, UNK_TOKEN, PAD_TOKEN = "</s>", "<unk>", "<pad>"
 # glibc caps the mmap threshold at 32 MiB on 64-bit; the trim threshold has no cap.
-TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+THRESHOLD_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                    "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
 def settings(quick: bool) -> dict:
@@ -126,7 +129,9 @@ class TorchTrainWorker:
   """A worker subprocess; calling it runs one torch training step and waits for it."""
 
   def __init__(self, spec: dict, extra_env: dict[str, str]):
-    env = dict(os.environ, **extra_env)
+    from seq2seq_jax import allocator  # noqa: PLC0415
+
+    env = {**allocator.without_malloc_settings(), **extra_env}
     self.process = subprocess.Popen(
         [sys.executable, __file__, "--torch-train-worker", json.dumps(spec)], env=env,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -153,8 +158,11 @@ def compare_training(s: dict, benchmarking) -> list[dict]:
   runner = benchmarking.make_train_step_runner(config, batch_size=s["train_batch"],
                                                source_len=s["train_len"],
                                                target_len=s["train_len"])
+  from seq2seq_jax import allocator  # noqa: PLC0415
+
   workers = {"torch eager": TorchTrainWorker(s, {}),
-             "torch eager, malloc tuned": TorchTrainWorker(s, TUNED_MALLOC)}
+             "torch eager, malloc thresholds": TorchTrainWorker(s, THRESHOLD_MALLOC),
+             "torch eager, malloc as ours": TorchTrainWorker(s, allocator.TUNED_MALLOC_ENV)}
   try:
     timings = benchmarking.time_interleaved({"seq2seq_jax": runner, **workers},
                                             rounds=s["train_rounds"], warmup=2)
@@ -325,11 +333,17 @@ def main() -> None:
   parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
   parser.add_argument("--skip-train", action="store_true")
   parser.add_argument("--skip-generate", action="store_true")
+  parser.add_argument("--default-malloc", action="store_true",
+                      help="keep glibc's malloc defaults in this process (seq2seq_jax.allocator)")
   parser.add_argument("--torch-train-worker", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.torch_train_worker:
     torch_train_worker(json.loads(args.torch_train_worker))
     return
+  if not args.default_malloc:
+    from seq2seq_jax import allocator  # noqa: PLC0415
+
+    allocator.reexec_with_tuned_malloc()
 
   from seq2seq_jax import benchmarking  # noqa: PLC0415
 
@@ -358,7 +372,7 @@ def main() -> None:
   except ImportError:
     pass
   path = benchmarking.write_json(args.out, {"benchmark": "compare_pytorch", "settings": s,
-                                            "versions": versions, "tuned_malloc": TUNED_MALLOC,
+                                            "versions": versions, "threshold_malloc": THRESHOLD_MALLOC,
                                             "rows": rows})
   print(f"wrote {path}")
   if args.plot:

@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; imported on first attribute access (PEP 562).
 _LAZY = {
+    "allocator": None,
     "benchmarking": None,
     "data": None,
     "evaluation": None,
@@ -117,6 +118,7 @@ __all__ = [
     "maybe_initialize_distributed",
     "state_sharding_fn",
     # modules
+    "allocator",
     "benchmarking",
     "data",
     "decoding",

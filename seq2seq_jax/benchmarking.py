@@ -379,9 +379,12 @@ def machine_info() -> dict[str, Any]:
   except OSError:
     pass
   import flax  # noqa: PLC0415 (only for its version)
+
+  from seq2seq_jax import allocator  # noqa: PLC0415
   return {"cpu": cpu, "cpu_count": os.cpu_count(), "backend": jax.default_backend(),
           "devices": [str(d) for d in jax.devices()], "python": platform.python_version(),
           "jax": jax.__version__, "flax": flax.__version__, "quick": quick_mode(),
+          "malloc_tuned": allocator.malloc_is_tuned(),
           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 

@@ -49,6 +49,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from seq2seq_jax import allocator
 from seq2seq_jax import checkpoints as checkpoints_lib
 from seq2seq_jax import evaluation
 from seq2seq_jax.configs import ExperimentConfig
@@ -350,6 +351,10 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
   workdir.mkdir(parents=True, exist_ok=True)
   log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
 
+  if jax.default_backend() == "cpu" and allocator.should_reexec():
+    log("note: glibc's default malloc remaps XLA's scratch memory at every step; starting "
+        "Python with " + " ".join(f"{k}={v}" for k, v in allocator.TUNED_MALLOC_ENV.items())
+        + " makes CPU steps faster (seq2seq_jax.allocator; `seq2seq-jax train` does it)")
   if restart and _is_writer():
     _set_aside(workdir)
   _barrier("seq2seq_jax: workdir ready")
