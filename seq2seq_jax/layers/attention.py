@@ -157,14 +157,41 @@ class MultiHeadAttention(nn.Module):
     self.out = nn.DenseGeneral(features=self.out_dim, axis=(-2, -1), dtype=self.dtype,
                                kernel_init=self.kernel_init, name="out")
 
+  def _project(self, x_BSD: Array, names: tuple[str, ...]) -> tuple[Array, ...]:
+    """``x`` through the named head projections (``"query"``, ``"key"``, ``"value"``) at once.
+
+    One matmul against the projections' kernels stacked to ``[D, C, H, K]`` rather
+    than C matmuls: the same parameters and the same sums, but a C times wider matmul,
+    which the CPU runs at about twice the rate when the rows are few (a decoding
+    step: 128 rows, 570 -> 305 us for q, k and v). ``init`` goes through the
+    projections themselves, which creates their parameters.
+    """
+    modules = [getattr(self, name) for name in names]
+    if len(modules) == 1 or self.is_initializing():
+      return tuple(module(x_BSD) for module in modules)
+    params = [module.variables["params"] for module in modules]
+    kernel_DCHK = jnp.stack([p["kernel"] for p in params], axis=1)
+    bias_CHK = jnp.stack([p["bias"] for p in params], axis=0)
+    x_BSD, kernel_DCHK, bias_CHK = nn.dtypes.promote_dtype(x_BSD, kernel_DCHK, bias_CHK,
+                                                           dtype=self.dtype)
+    y_BSCHK = jnp.einsum("...D,DCHK->...CHK", x_BSD, kernel_DCHK)
+    y_BSCHK = y_BSCHK + bias_CHK.reshape((1,) * (y_BSCHK.ndim - 3) + bias_CHK.shape)
+    return tuple(y_BSCHK[..., c, :, :] for c in range(len(names)))
+
   def project_kv(self, inputs_kv_BSD: Array) -> tuple[Array, Array]:
     """Keys and values ``[B, S, H, K]`` of a sequence, for caching cross attention."""
-    return self.key(inputs_kv_BSD), self.value(inputs_kv_BSD)
+    return self._project(inputs_kv_BSD, ("key", "value"))
 
   def attend(self, inputs_q_BTD: Array, k_BSHK: Array, v_BSHK: Array, mask: Array | None, *,
-             deterministic: bool = True, return_weights: bool = False):
-    """Attends from ``inputs_q`` to already projected keys and values."""
-    q_BTHK = self.query(inputs_q_BTD)
+             deterministic: bool = True, return_weights: bool = False,
+             q_BTHK: Array | None = None):
+    """Attends from ``inputs_q`` to already projected keys and values.
+
+    ``q_BTHK``: the queries when already projected (``__call__`` projects q, k and
+    v of self attention together); default ``self.query(inputs_q_BTD)``.
+    """
+    if q_BTHK is None:
+      q_BTHK = self.query(inputs_q_BTD)
     use_dropout = not deterministic and self.dropout_rate > 0.0
     result = dot_product_attention(
         q_BTHK, k_BSHK.astype(q_BTHK.dtype), v_BSHK.astype(q_BTHK.dtype), mask,
@@ -196,12 +223,16 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, inputs_q_BTD: Array, inputs_kv_BSD: Array, mask: Array | None = None, *,
                deterministic: bool = True, return_weights: bool = False):
     """Returns ``out_BTD``, or ``(out_BTD, weights_BHTS)`` with ``return_weights``."""
-    k_BSHK, v_BSHK = self.project_kv(inputs_kv_BSD)
+    if inputs_q_BTD is inputs_kv_BSD:  # self attention: q, k and v in one matmul
+      q_BTHK, k_BSHK, v_BSHK = self._project(inputs_q_BTD, ("query", "key", "value"))
+    else:
+      q_BTHK = None
+      k_BSHK, v_BSHK = self.project_kv(inputs_kv_BSD)
     return self.attend(inputs_q_BTD, k_BSHK, v_BSHK, mask, deterministic=deterministic,
-                       return_weights=return_weights)
+                       return_weights=return_weights, q_BTHK=q_BTHK)
 
   def step(self, inputs_q_B1D: Array, cache: KVCache, index: Array, *, layer: int = 0,
-           block_size: int = 32) -> tuple[Array, KVCache]:
+           block_size: int = 8) -> tuple[Array, KVCache]:
     """Causal self attention for one new position, written into the cache at ``index``.
 
     Args:
@@ -214,10 +245,9 @@ class MultiHeadAttention(nn.Module):
     Returns:
       ``(out_B1D, cache)`` with position ``index`` filled in.
     """
-    k_B1HK, v_B1HK = self.project_kv(inputs_q_B1D)
+    q_B1HK, k_B1HK, v_B1HK = self._project(inputs_q_B1D, ("query", "key", "value"))
     cache = cache.write(k_B1HK[:, 0], v_B1HK[:, 0], index, layer)
-    q_BHK = self.query(inputs_q_B1D)[:, 0]
-    q_BHK = q_BHK / jnp.sqrt(self.head_dim).astype(q_BHK.dtype)
+    q_BHK = q_B1HK[:, 0] / jnp.sqrt(self.head_dim).astype(q_B1HK.dtype)
     out_BHK = cache.attend(q_BHK, index, layer, block_size=block_size)
     return self.out(out_BHK[:, None]), cache
 
@@ -298,14 +328,15 @@ class KVCache:
     take = lambda buf: jnp.moveaxis(buf[self.slots, :, positions_1T], 2, 1)  # [N, T, L, ...]
     return take(self.key), take(self.value)
 
-  def attend(self, q_NHK: Array, index: Array, layer: int, *, block_size: int = 32) -> Array:
+  def attend(self, q_NHK: Array, index: Array, layer: int, *, block_size: int = 8) -> Array:
     """One query per row over positions ``<= index`` of ``layer``: ``out_NHK``.
 
     ``q_NHK`` comes already scaled by ``1 / sqrt(K)``. Reads the cache in blocks of
     ``block_size`` positions, only those up to ``index`` (a ``lax.fori_loop`` with
     a traced trip count), combining them with a running maximum and sum in float32
     (the streaming softmax of flash attention), so a step's cost grows with the
-    position decoded rather than the cache's length.
+    position decoded rather than the cache's length. Blocks of 8 beat 16 and 32 for
+    T-small beam 4 at 24, 64 and 256 tokens (by 7 %, 1 % and 6 %; greedy: 1 %).
     """
     length = self.length
     block = min(block_size, length)
