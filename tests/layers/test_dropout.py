@@ -1,11 +1,11 @@
-"""Philox-4x32-10 against the published known-answer vectors; the dropout masks' statistics."""
+"""Philox-2x32-10 and -4x32-10 against the published known-answer vectors; the masks' statistics."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq_jax.layers.dropout import Dropout, keep_mask, philox4x32
+from seq2seq_jax.layers.dropout import Dropout, keep_mask, philox2x32, philox4x32
 
 # Random123's kat_vectors for philox4x32 with 10 rounds: counter, key, expected output.
 KNOWN_ANSWERS = [
@@ -26,13 +26,34 @@ def test_philox_matches_the_known_answers(counter, key, expected):
   assert [int(w[2]) for w in words] == list(expected)
 
 
-def test_mulhilo_against_python_integers():
-  from seq2seq_jax.layers.dropout import _mulhilo
+# Random123's kat_vectors for philox2x32 with 10 rounds (the generator keep_mask uses).
+KNOWN_ANSWERS_2X32 = [
+    ((0, 0), 0, (0xFF1DAE59, 0x6CD10DF2)),
+    ((0xFFFFFFFF, 0xFFFFFFFF), 0xFFFFFFFF, (0x2C3F628B, 0xAB4FD7AD)),
+    ((0x243F6A88, 0x85A308D3), 0x13198A2E, (0xDD7CE038, 0xF62A4C12)),
+]
+
+
+@pytest.mark.parametrize("counter,key,expected", KNOWN_ANSWERS_2X32)
+def test_philox2x32_matches_the_known_answers(counter, key, expected):
+  block = jax.jit(philox2x32)
+  words = block(tuple(jnp.uint32(c) for c in counter), jnp.uint32(key))
+  assert [int(w) for w in words] == list(expected)
+  batch = tuple(jnp.array([7, c, c], jnp.uint32) for c in counter)
+  words = block(batch, jnp.uint32(key))
+  assert [int(w[1]) for w in words] == list(expected)
+  assert all(w.dtype == jnp.uint32 for w in words)
+
+
+@pytest.mark.parametrize("name", ["_mulhilo", "_mulhilo64"])
+def test_mulhilo_against_python_integers(name):
+  _mulhilo = getattr(__import__("seq2seq_jax.layers.dropout", fromlist=[name]), name)
   rng = np.random.default_rng(0)
   x = rng.integers(0, 2 ** 32, size=1000, dtype=np.uint64)
   x[:3] = [0, 1, 2 ** 32 - 1]
-  for multiplier in (0xD2511F53, 0xCD9E8D57, 0xFFFFFFFF):
-    high, low = _mulhilo(multiplier, jnp.asarray(x.astype(np.uint32)))
+  for multiplier in (0xD2511F53, 0xCD9E8D57, 0xD256D193, 0xFFFFFFFF):
+    high, low = jax.jit(lambda x, m=multiplier: _mulhilo(m, x))(jnp.asarray(x.astype(np.uint32)))
+    assert high.dtype == low.dtype == jnp.uint32
     product = [int(v) * multiplier for v in x]
     assert np.asarray(high).tolist() == [p >> 32 for p in product]
     assert np.asarray(low).tolist() == [p & 0xFFFFFFFF for p in product]
