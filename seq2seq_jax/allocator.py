@@ -1,42 +1,43 @@
-"""glibc malloc settings that keep XLA's per-step scratch memory mapped on the CPU backend.
+"""A glibc malloc setting that makes XLA's per-step scratch memory cheap to map on the CPU backend.
 
 On the CPU, XLA allocates one scratch buffer per execution of a compiled program
 (354 MB for the T-small train step at batch 64 x 24) and frees it when the step
 ends. glibc serves an allocation that large from a fresh ``mmap`` (XLA's threads
 allocate from per-thread arenas, and those map anything beyond 64 MB directly,
-whatever the thresholds) and unmaps it on ``free``: every step then faults in and
-zeroes every page again, about 93,000 page faults and 200 ms of kernel time in a
-700 ms step on two cores. With a single arena (``MALLOC_ARENA_MAX=1``), no mmap
-allocations (``MALLOC_MMAP_MAX_=0``) and no trimming, the buffer comes from the
-heap and stays mapped between steps: no faults, and the step ran 18-20 % faster
-(benchmarks/RESULTS.md, "Host memory").
+whatever the thresholds) and unmaps it on ``free``: every step then faults in
+every 4 KiB page again, about 93,000 page faults and 200 ms of kernel time in a
+750 ms step on two cores. With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc
+2.35 or newer) glibc asks for transparent huge pages on the blocks it maps, so the
+same buffer takes about 180 faults of 2 MiB: the T-small step went from about 780
+to 555 ms (benchmarks/RESULTS.md, "Host memory"). The memory still goes back to
+the system at every ``free``.
 
-glibc reads these variables once, when the process starts, so they must be in the
-environment before Python does. The ``seq2seq-jax`` command and the benchmark
-scripts restart themselves once with them (``reexec_with_tuned_malloc``); a Python
-session (a notebook) sets them for the processes it starts, or the user starts
-Python with them:
+Keeping the buffer mapped instead (``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0``, no
+trimming) was no faster, and it never returns memory: a process whose shapes keep
+growing (``benchmarks/rnn_vs_transformer.py``, 16 to 512 tokens) ran out of 24 GiB.
 
-  MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1099511627776 python ...
+glibc reads the variable once, when the process starts, so it must be in the
+environment before Python starts. The ``seq2seq-jax`` command and the benchmark
+scripts restart themselves once with it (``reexec_with_tuned_malloc``); from a
+Python session (a notebook), start the interpreter with it:
 
-The cost: memory freed by the process stays with it (it is reused, not returned
-to the system), and every thread allocates from one arena. Set
-``SEQ2SEQ_JAX_TUNE_MALLOC=0`` to keep glibc's defaults.
+  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python ...
+
+It needs transparent huge pages in ``madvise`` or ``always`` mode
+(``/sys/kernel/mm/transparent_hugepage/enabled``); elsewhere it does nothing.
+Set ``SEQ2SEQ_JAX_TUNE_MALLOC=0`` to keep glibc's defaults.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 import platform
 import sys
 from collections.abc import Mapping
 
-# One arena, never mmap, never trim. glibc's own names (the trailing "_" is theirs).
-TUNED_MALLOC_ENV: dict[str, str] = {
-    "MALLOC_ARENA_MAX": "1",
-    "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
-}
+# Transparent huge pages for the blocks malloc maps (glibc >= 2.35).
+TUNED_MALLOC_ENV: dict[str, str] = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 OPT_OUT_VARIABLE = "SEQ2SEQ_JAX_TUNE_MALLOC"
 _MALLOC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                      "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
@@ -44,8 +45,23 @@ _MALLOC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_"
 
 
 def is_glibc() -> bool:
-  """Whether this process runs on Linux with glibc (where the settings mean something)."""
-  return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+  """Whether this process runs on Linux with glibc 2.35 or newer (where the setting exists)."""
+  if not sys.platform.startswith("linux"):
+    return False
+  name, version = platform.libc_ver()
+  try:
+    return name == "glibc" and tuple(int(p) for p in version.split(".")[:2]) >= (2, 35)
+  except ValueError:
+    return False
+
+
+def transparent_huge_pages() -> str:
+  """The kernel's transparent huge page mode (``always``, ``madvise``, ``never``), or ``""``."""
+  try:
+    text = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text("ascii")
+  except OSError:
+    return ""
+  return text[text.find("[") + 1:text.find("]")] if "[" in text else ""
 
 
 def malloc_is_tuned(environ: Mapping[str, str] | None = None) -> bool:

@@ -298,9 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   Bad input (a config value, a data file) prints one ``error:`` line that names
   the field or file and the fix, and returns 2, without a traceback.
 
-  Run as a program (``argv`` None), it first restarts itself once with glibc malloc
-  settings that keep XLA's per-step scratch memory mapped (``seq2seq_jax.allocator``;
-  ``SEQ2SEQ_JAX_TUNE_MALLOC=0`` keeps the defaults).
+  Run as a program (``argv`` None), it first restarts itself once with the glibc
+  malloc setting that maps XLA's per-step scratch memory in huge pages
+  (``seq2seq_jax.allocator``; ``SEQ2SEQ_JAX_TUNE_MALLOC=0`` keeps the defaults).
   """
   if argv is None:
     from seq2seq_jax import allocator

@@ -1,4 +1,4 @@
-"""Tests of the glibc malloc settings: when a process restarts, and that it stops page-faulting."""
+"""Tests of the glibc malloc setting: when a process restarts, and that it page-faults far less."""
 
 import json
 import os
@@ -10,7 +10,8 @@ import pytest
 from seq2seq_jax import allocator
 
 needs_glibc = pytest.mark.skipif(not allocator.is_glibc(),
-                                 reason="the settings are glibc's (Linux); elsewhere a no-op")
+                                 reason="the setting is glibc's (Linux, glibc >= 2.35); elsewhere "
+                                        "a no-op")
 
 # A program that restarts itself with the settings, then counts the minor page
 # faults of a jitted function whose XLA scratch buffer is about 100 MB.
@@ -47,28 +48,29 @@ def test_should_reexec_only_for_a_plain_glibc_environment(monkeypatch):
   assert not allocator.should_reexec({"SEQ2SEQ_JAX_TUNE_MALLOC": "off"})
   assert allocator.should_reexec({"SEQ2SEQ_JAX_TUNE_MALLOC": "1"})
   assert not allocator.should_reexec({"MALLOC_ARENA_MAX": "4"})  # the user's own choice wins
-  assert not allocator.should_reexec({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+  assert not allocator.should_reexec({"GLIBC_TUNABLES": "glibc.malloc.check=3"})
   monkeypatch.setattr(allocator, "is_glibc", lambda: False)
   assert not allocator.should_reexec({"PATH": "/bin"})
 
 
 def test_without_malloc_settings_strips_only_malloc_variables():
   env = {"PATH": "/bin", "HOME": "/h", **allocator.TUNED_MALLOC_ENV,
-         "MALLOC_MMAP_THRESHOLD_": "1"}
+         "MALLOC_MMAP_THRESHOLD_": "1", "MALLOC_ARENA_MAX": "2"}
   assert allocator.without_malloc_settings(env) == {"PATH": "/bin", "HOME": "/h"}
   assert allocator.malloc_is_tuned(env)
   assert not allocator.malloc_is_tuned(allocator.without_malloc_settings(env))
 
 
 @needs_glibc
-def test_restarted_process_keeps_its_arguments_and_stops_faulting_in_scratch_memory():
+def test_restarted_process_keeps_its_arguments_and_faults_far_less_in_scratch_memory():
   plain = allocator.without_malloc_settings()
   tuned = _run_probe(plain)
   default = _run_probe({**plain, allocator.OPT_OUT_VARIABLE: "0"})
   assert tuned["tuned"] and not default["tuned"]
   assert tuned["argv"] == default["argv"] == ["first", "--second"]
   # glibc's defaults map the ~100 MB scratch buffer afresh on every call: each of
-  # its pages faults in again. With the settings it stays mapped.
+  # its 4 KiB pages faults in again. With huge pages, one fault maps 2 MiB.
   pages = tuned["temp"] / 4096
   assert default["faults"] > 0.5 * pages, default
-  assert tuned["faults"] < 0.25 * default["faults"], (tuned, default)
+  if allocator.transparent_huge_pages() in ("always", "madvise"):
+    assert tuned["faults"] < 0.1 * default["faults"], (tuned, default)
