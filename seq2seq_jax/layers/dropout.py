@@ -24,19 +24,8 @@ import numpy as np
 
 from seq2seq_jax.types import Array
 
-_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox-4x32 round multipliers
-_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # key schedule increments (golden ratio, sqrt(3) - 1)
-_M2X32 = 0xD256D193  # the Philox-2x32 round multiplier (its key increment is _W0)
-
-
-def _mulhilo(multiplier: int, x: Array) -> tuple[Array, Array]:
-  """High and low 32 bits of ``multiplier * x`` with uint32 arithmetic only (no x64)."""
-  m_lo, m_hi = jnp.uint32(multiplier & 0xFFFF), jnp.uint32(multiplier >> 16)
-  x_lo, x_hi = x & jnp.uint32(0xFFFF), x >> 16
-  p0, p1, p2, p3 = x_lo * m_lo, x_hi * m_lo, x_lo * m_hi, x_hi * m_hi
-  middle = (p0 >> 16) + (p1 & jnp.uint32(0xFFFF)) + (p2 & jnp.uint32(0xFFFF))
-  high = p3 + (p1 >> 16) + (p2 >> 16) + (middle >> 16)
-  return high, x * jnp.uint32(multiplier)
+_M2X32 = 0xD256D193  # the Philox-2x32 round multiplier
+_W0 = 0x9E3779B9  # its key schedule increment (the golden ratio)
 
 
 def _mulhilo64(multiplier: int, x: Array) -> tuple[Array, Array]:
@@ -76,34 +65,6 @@ def philox2x32(counter: tuple[Array, Array], key: Array,
     high, low = _mulhilo64(_M2X32, c0)
     c0, c1 = high ^ k ^ c1, low
   return c0, c1
-
-
-def philox4x32(counter: tuple[Array, Array, Array, Array], key: tuple[Array, Array],
-               rounds: int = 10) -> tuple[Array, Array, Array, Array]:
-  """The Philox-4x32 block function: four uint32 words out per four-word counter.
-
-  Args:
-    counter: four uint32 arrays of one shape (the counter's words 0..3).
-    key: two uint32 scalars or arrays broadcastable to the counter.
-    rounds: 10 is the standard (and Crush-resistant) choice.
-
-  Returns:
-    Four uint32 arrays shaped like the counter words.
-
-  Example:
-    >>> zero = jnp.zeros((), jnp.uint32)
-    >>> [hex(int(w)) for w in philox4x32((zero,) * 4, (zero, zero))]
-    ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
-  """
-  c0, c1, c2, c3 = (jnp.asarray(c, jnp.uint32) for c in counter)
-  k0, k1 = (jnp.asarray(k, jnp.uint32) for k in key)
-  for r in range(rounds):
-    if r:
-      k0, k1 = k0 + jnp.uint32(_W0), k1 + jnp.uint32(_W1)
-    high0, low0 = _mulhilo(_M0, c0)
-    high1, low1 = _mulhilo(_M1, c2)
-    c0, c1, c2, c3 = high1 ^ c1 ^ k0, low1, high0 ^ c3 ^ k1, low0
-  return c0, c1, c2, c3
 
 
 def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> Array:

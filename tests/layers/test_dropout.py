@@ -1,30 +1,11 @@
-"""Philox-2x32-10 and -4x32-10 against the published known-answer vectors; the masks' statistics."""
+"""Philox-2x32-10 against the published known-answer vectors; the dropout masks' statistics."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq_jax.layers.dropout import Dropout, keep_mask, philox2x32, philox4x32
-
-# Random123's kat_vectors for philox4x32 with 10 rounds: counter, key, expected output.
-KNOWN_ANSWERS = [
-    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
-]
-
-
-@pytest.mark.parametrize("counter,key,expected", KNOWN_ANSWERS)
-def test_philox_matches_the_known_answers(counter, key, expected):
-  words = philox4x32(tuple(jnp.uint32(c) for c in counter), tuple(jnp.uint32(k) for k in key))
-  assert [int(w) for w in words] == list(expected)
-  # The same block inside a batch of counters (the vectorized path).
-  batch = tuple(jnp.array([c, 7, c], jnp.uint32) for c in counter)
-  words = philox4x32(batch, tuple(jnp.uint32(k) for k in key))
-  assert [int(w[2]) for w in words] == list(expected)
-
+from seq2seq_jax.layers.dropout import Dropout, _mulhilo64, keep_mask, philox2x32
 
 # Random123's kat_vectors for philox2x32 with 10 rounds (the generator keep_mask uses).
 KNOWN_ANSWERS_2X32 = [
@@ -45,14 +26,12 @@ def test_philox2x32_matches_the_known_answers(counter, key, expected):
   assert all(w.dtype == jnp.uint32 for w in words)
 
 
-@pytest.mark.parametrize("name", ["_mulhilo", "_mulhilo64"])
-def test_mulhilo_against_python_integers(name):
-  _mulhilo = getattr(__import__("seq2seq_jax.layers.dropout", fromlist=[name]), name)
+def test_mulhilo_against_python_integers():
   rng = np.random.default_rng(0)
   x = rng.integers(0, 2 ** 32, size=1000, dtype=np.uint64)
   x[:3] = [0, 1, 2 ** 32 - 1]
-  for multiplier in (0xD2511F53, 0xCD9E8D57, 0xD256D193, 0xFFFFFFFF):
-    high, low = jax.jit(lambda x, m=multiplier: _mulhilo(m, x))(jnp.asarray(x.astype(np.uint32)))
+  for multiplier in (0xD256D193, 0xD2511F53, 0xFFFFFFFF):
+    high, low = jax.jit(lambda x, m=multiplier: _mulhilo64(m, x))(jnp.asarray(x.astype(np.uint32)))
     assert high.dtype == low.dtype == jnp.uint32
     product = [int(v) * multiplier for v in x]
     assert np.asarray(high).tolist() == [p >> 32 for p in product]
