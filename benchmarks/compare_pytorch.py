@@ -4,9 +4,9 @@ Training: the library's T-small step (batch 64 x 24 tokens, dropout 0.1, label
 smoothing 0.1, AdamW, clipping) against the same model in eager
 ``torch.nn.Transformer``, run in three worker processes: one with glibc's default
 malloc, one with its mmap / trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``), and one with the malloc settings this process runs
+``MALLOC_TRIM_THRESHOLD_``), and one with the malloc setting this process runs
 with (``seq2seq_jax.allocator.TUNED_MALLOC_ENV``; the script restarts itself with
-them unless ``--default-malloc``): one step of each system in turn, every round.
+it unless ``--default-malloc``): one step of each system in turn, every round.
 
 Generation: 256 sources of 20 tokens in batches of 32, 24 output tokens, greedy and
 beam 4: ``generate`` (EOS suppressed with ``SuppressEOS``) against Hugging Face
@@ -372,8 +372,8 @@ def main() -> None:
   except ImportError:
     pass
   path = benchmarking.write_json(args.out, {"benchmark": "compare_pytorch", "settings": s,
-                                            "versions": versions, "threshold_malloc": THRESHOLD_MALLOC,
-                                            "rows": rows})
+                                            "versions": versions,
+                                            "threshold_malloc": THRESHOLD_MALLOC, "rows": rows})
   print(f"wrote {path}")
   if args.plot:
     plot(rows, args.plot)

@@ -83,7 +83,8 @@ def main() -> None:
   parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--default-malloc", action="store_true",
-                      help="keep glibc's malloc defaults (else restart with seq2seq_jax.allocator's setting)")
+                      help="keep glibc's malloc defaults (else restart with the setting of "
+                           "seq2seq_jax.allocator)")
   args = parser.parse_args()
   if not args.default_malloc:
     allocator.reexec_with_tuned_malloc()

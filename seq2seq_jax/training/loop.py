@@ -352,9 +352,10 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
   log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
 
   if jax.default_backend() == "cpu" and allocator.should_reexec():
+    setting = " ".join(f"{k}={v}" for k, v in allocator.TUNED_MALLOC_ENV.items())
     log("note: glibc's default malloc faults XLA's scratch memory in page by page at every "
-        "step; starting Python with " + " ".join(f"{k}={v}" for k, v in allocator.TUNED_MALLOC_ENV.items())
-        + " makes CPU steps faster (seq2seq_jax.allocator; `seq2seq-jax train` does it)")
+        f"step; starting Python with {setting} makes CPU steps faster (seq2seq_jax.allocator; "
+        "`seq2seq-jax train` does it)")
   if restart and _is_writer():
     _set_aside(workdir)
   _barrier("seq2seq_jax: workdir ready")
