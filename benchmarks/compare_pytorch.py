@@ -340,6 +340,8 @@ def main() -> None:
   if args.torch_train_worker:
     torch_train_worker(json.loads(args.torch_train_worker))
     return
+  # Not benchmarking.parse_args: the torch workers above must never restart
+  # themselves (they run with exactly the environment they were given).
   if not args.default_malloc:
     from seq2seq_jax import allocator  # noqa: PLC0415
 

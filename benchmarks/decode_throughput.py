@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seq2seq_jax import DecodeConfig, TransformerConfig, allocator, benchmarking, build_model
+from seq2seq_jax import DecodeConfig, TransformerConfig, benchmarking, build_model
 from seq2seq_jax.decoding import generate, generate_uncached
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -44,12 +44,7 @@ def main() -> None:
   parser.add_argument("--out", type=pathlib.Path,
                       default=HERE / "results" / "decode_throughput.json")
   parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
-  parser.add_argument("--default-malloc", action="store_true",
-                      help="keep glibc's malloc defaults (else restart with the setting of "
-                           "seq2seq_jax.allocator)")
-  args = parser.parse_args()
-  if not args.default_malloc:
-    allocator.reexec_with_tuned_malloc()
+  args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
   config = s["config"]
   model = benchmarking.SuppressEOS(build_model(config))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from seq2seq_jax import RNNConfig, TransformerConfig, allocator, benchmarking
+from seq2seq_jax import RNNConfig, TransformerConfig, benchmarking
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -67,12 +67,7 @@ def main() -> None:
   parser.add_argument("--out", type=pathlib.Path,
                       default=HERE / "results" / "rnn_vs_transformer.json")
   parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
-  parser.add_argument("--default-malloc", action="store_true",
-                      help="keep glibc's malloc defaults (else restart with the setting of "
-                           "seq2seq_jax.allocator)")
-  args = parser.parse_args()
-  if not args.default_malloc:
-    allocator.reexec_with_tuned_malloc()
+  args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
   rows = []
   for length in s["lengths"]:

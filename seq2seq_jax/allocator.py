@@ -44,7 +44,7 @@ _MALLOC_VARIABLES = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_"
                      "GLIBC_TUNABLES")
 
 
-def is_glibc() -> bool:
+def has_hugetlb_tunable() -> bool:
   """Whether this process runs on Linux with glibc 2.35 or newer (where the setting exists)."""
   if not sys.platform.startswith("linux"):
     return False
@@ -84,7 +84,7 @@ def should_reexec(environ: Mapping[str, str] | None = None) -> bool:
   variable of their own: theirs win.
   """
   environ = os.environ if environ is None else environ
-  if malloc_is_tuned(environ) or not is_glibc():
+  if malloc_is_tuned(environ) or not has_hugetlb_tunable():
     return False
   if environ.get(OPT_OUT_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off"):
     return False

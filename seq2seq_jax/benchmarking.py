@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -43,6 +44,24 @@ QUICK_ENV = "SEQ2SEQ_JAX_QUICK"
 def quick_mode() -> bool:
   """True when ``SEQ2SEQ_JAX_QUICK`` is set to 1/true/yes: benchmarks shrink to CI size."""
   return os.environ.get(QUICK_ENV, "").lower() in ("1", "true", "yes")
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+  """A benchmark script's ``parser.parse_args()`` plus ``--default-malloc``.
+
+  Unless that flag is given, the process then restarts once with the library's
+  malloc setting (``allocator.reexec_with_tuned_malloc``), so the script measures
+  what ``seq2seq-jax`` runs with.
+  """
+  from seq2seq_jax import allocator  # noqa: PLC0415
+
+  parser.add_argument("--default-malloc", action="store_true",
+                      help="keep glibc's malloc defaults (else restart with the setting of "
+                           "seq2seq_jax.allocator)")
+  args = parser.parse_args()
+  if not args.default_malloc:
+    allocator.reexec_with_tuned_malloc()
+  return args
 
 
 # --------------------------------------------------------------------------- FLOPs

@@ -9,7 +9,7 @@ import pytest
 
 from seq2seq_jax import allocator
 
-needs_glibc = pytest.mark.skipif(not allocator.is_glibc(),
+needs_glibc = pytest.mark.skipif(not allocator.has_hugetlb_tunable(),
                                  reason="the setting is glibc's (Linux, glibc >= 2.35); elsewhere "
                                         "a no-op")
 
@@ -41,7 +41,7 @@ def _run_probe(env: dict) -> dict:
 
 
 def test_should_reexec_only_for_a_plain_glibc_environment(monkeypatch):
-  monkeypatch.setattr(allocator, "is_glibc", lambda: True)
+  monkeypatch.setattr(allocator, "has_hugetlb_tunable", lambda: True)
   assert allocator.should_reexec({"PATH": "/bin"})
   assert not allocator.should_reexec(dict(allocator.TUNED_MALLOC_ENV))  # already restarted
   assert not allocator.should_reexec({"SEQ2SEQ_JAX_TUNE_MALLOC": "0"})
@@ -49,7 +49,7 @@ def test_should_reexec_only_for_a_plain_glibc_environment(monkeypatch):
   assert allocator.should_reexec({"SEQ2SEQ_JAX_TUNE_MALLOC": "1"})
   assert not allocator.should_reexec({"MALLOC_ARENA_MAX": "4"})  # the user's own choice wins
   assert not allocator.should_reexec({"GLIBC_TUNABLES": "glibc.malloc.check=3"})
-  monkeypatch.setattr(allocator, "is_glibc", lambda: False)
+  monkeypatch.setattr(allocator, "has_hugetlb_tunable", lambda: False)
   assert not allocator.should_reexec({"PATH": "/bin"})
 
 

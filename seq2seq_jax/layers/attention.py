@@ -15,7 +15,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from seq2seq_jax.layers.dropout import keep_mask
+from seq2seq_jax.layers.dropout import dropout
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array
 
 _IMPLEMENTATIONS = (None, "einsum", "xla", "cudnn")
@@ -121,9 +121,8 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
   if use_dropout:
     if dropout_rng is None:
       raise ValueError("dropout on attention weights needs dropout_rng when deterministic=False")
-    keep_BHTS = keep_mask(dropout_rng, dropout_rate, weights_BHTS.shape)
-    dropped_BHTS = jnp.where(keep_BHTS, weights_BHTS / (1.0 - dropout_rate), 0.0)
-    out_BTHK = jnp.einsum("BHTS,BSHK->BTHK", dropped_BHTS.astype(dtype), v_BSHK)
+    dropped_BHTS = dropout(weights_BHTS, dropout_rate, dropout_rng)
+    out_BTHK = jnp.einsum("BHTS,BSHK->BTHK", dropped_BHTS, v_BSHK)
   else:
     out_BTHK = jnp.einsum("BHTS,BSHK->BTHK", weights_BHTS, v_BSHK)
   if return_weights:
@@ -167,7 +166,7 @@ class MultiHeadAttention(nn.Module):
     projections themselves, which creates their parameters.
     """
     modules = [getattr(self, name) for name in names]
-    if len(modules) == 1 or self.is_initializing():
+    if self.is_initializing():
       return tuple(module(x_BSD) for module in modules)
     params = [module.variables["params"] for module in modules]
     kernel_DCHK = jnp.stack([p["kernel"] for p in params], axis=1)

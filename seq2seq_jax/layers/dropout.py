@@ -95,6 +95,17 @@ def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> Array:
   return jax.lax.optimization_barrier(keep)
 
 
+def dropout(x: Array, rate: float, rng: jax.Array) -> Array:
+  """Inverted dropout: zeros with probability ``rate`` (``keep_mask``), the rest over 1 - rate.
+
+  Example:
+    >>> sorted(set(dropout(jnp.ones((4, 4)), 0.5, jax.random.key(0)).ravel().tolist()))
+    [0.0, 2.0]
+  """
+  keep = keep_mask(rng, rate, x.shape)
+  return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
 class Dropout(nn.Module):
   """Inverted dropout with Philox masks: drops with probability ``rate``, scales the rest up.
 
@@ -119,5 +130,4 @@ class Dropout(nn.Module):
       return x
     if self.rate == 1.0:
       return jnp.zeros_like(x)
-    keep = keep_mask(self.make_rng(self.rng_collection), self.rate, x.shape)
-    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
+    return dropout(x, self.rate, self.make_rng(self.rng_collection))
