@@ -44,11 +44,33 @@ def compute_dtype(name: str) -> Any:
   return _DTYPES[name]
 
 
+def _check_special_ids(config: object, vocab_sizes: dict[str, int]) -> None:
+  """pad / decoder start / eos ids must lie in the vocabularies; pad and eos must differ."""
+  for field in ("pad_id", "decoder_start_id", "eos_id"):
+    value = getattr(config, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      _fail(config, field, value, "must be a token id >= 0")
+    limit = min(vocab_sizes.values()) if field == "pad_id" else vocab_sizes["target"]
+    if value >= limit:
+      _fail(config, field, value, f"must be a token id below the vocabulary size {limit}")
+  if config.pad_id == config.eos_id:
+    _fail(config, "eos_id", config.eos_id,
+          f"must differ from pad_id={config.pad_id}: PAD after an output marks its end")
+
+
+POSITIONS = ("sinusoidal", "learned", "sinusoidal_marian", "sinusoidal_fairseq")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-  """The Transformer of Vaswani et al. 2017; the defaults are the paper's base model."""
+  """The Transformer of Vaswani et al. 2017; the defaults are the paper's base model.
 
-  vocab_size: int  # joint source/target vocabulary, PAD/BOS/EOS/UNK included
+  The fields after ``attention_impl`` describe published checkpoints that differ in
+  details (see ``seq2seq_jax.pretrained``); their defaults are this library's own.
+  """
+
+  vocab_size: int  # joint source/target vocabulary (the source one if target_vocab_size is set)
   model_dim: int = 512  # D, width of every residual stream
   num_heads: int = 8  # H; model_dim must be a multiple of it
   num_encoder_layers: int = 6
@@ -57,12 +79,22 @@ class TransformerConfig:
   dropout_rate: float = 0.1  # on embeddings, sublayer outputs and the FFN hidden layer
   attention_dropout_rate: float = 0.0  # on attention weights
   max_len: int = 256  # rows of the position table: longest source or target the model accepts
-  positions: str = "sinusoidal"  # "sinusoidal" (fixed) or "learned"
+  positions: str = "sinusoidal"  # see POSITIONS and layers.embeddings.position_table
   norm: str = "post"  # "post": x = LN(x + f(x)) as in the paper; "pre": x = x + f(LN(x))
   share_embeddings: bool = True  # one token table for encoder and decoder (joint vocabulary)
   tie_output: bool = True  # output projection reuses the decoder's token table
   dtype: str = "float32"  # compute dtype; parameters stay float32
   attention_impl: str = "einsum"  # "einsum" (ours), or jax.nn.dot_product_attention's "xla" / "cudnn"
+  activation: str = "relu"  # feed-forward nonlinearity: relu, gelu (erf), gelu_tanh, swish (SiLU)
+  activation_dropout_rate: float | None = None  # on the FFN hidden layer; None = dropout_rate
+  scale_embeddings: bool = True  # multiply looked-up token vectors by sqrt(model_dim)
+  position_offset: int = 0  # position p reads row p + offset of the formula (fairseq: pad_id + 1)
+  layer_norm_epsilon: float = 1e-6
+  output_bias: bool = False  # a learned bias on the tied output logits (Marian's final_logits_bias)
+  target_vocab_size: int = 0  # decoder vocabulary when it differs from the source's; 0 = same
+  pad_id: int = 0  # the token that fills rows after their end; masked everywhere
+  decoder_start_id: int = 1  # the decoder's first input (BOS here; pad for Marian, eos for M2M100)
+  eos_id: int = 2  # the token that ends an output
 
   def __post_init__(self):
     _check_positive(self, "vocab_size", "model_dim", "num_heads", "num_encoder_layers",
@@ -72,16 +104,43 @@ class TransformerConfig:
             f"must be divisible by num_heads={self.num_heads} "
             f"({self.model_dim} % {self.num_heads} = {self.model_dim % self.num_heads})")
     _check_rate(self, "dropout_rate", "attention_dropout_rate")
-    _check_choice(self, "positions", ("sinusoidal", "learned"))
+    if self.activation_dropout_rate is not None:
+      _check_rate(self, "activation_dropout_rate")
+    _check_choice(self, "positions", POSITIONS)
     _check_choice(self, "norm", ("post", "pre"))
     _check_choice(self, "dtype", tuple(_DTYPES))
     _check_choice(self, "attention_impl", ("einsum", "xla", "cudnn"))
-    if self.positions == "sinusoidal" and self.model_dim % 2:
+    _check_choice(self, "activation", ACTIVATIONS)
+    if self.positions.startswith("sinusoidal") and self.model_dim % 2:
       _fail(self, "model_dim", self.model_dim, "sinusoidal positions need an even model_dim")
+    if self.position_offset < 0:
+      _fail(self, "position_offset", self.position_offset, "must be >= 0")
+    if not self.layer_norm_epsilon > 0:
+      _fail(self, "layer_norm_epsilon", self.layer_norm_epsilon, "must be > 0")
+    if self.target_vocab_size < 0:
+      _fail(self, "target_vocab_size", self.target_vocab_size,
+            "must be >= 0 (0 means the decoder shares vocab_size)")
+    if self.target_vocab_size and self.share_embeddings:
+      _fail(self, "target_vocab_size", self.target_vocab_size,
+            "a separate target vocabulary needs share_embeddings=False")
+    if self.output_bias and not self.tie_output:
+      _fail(self, "output_bias", self.output_bias,
+            "is for tied outputs; an untied output_projection has its own bias")
+    _check_special_ids(self, {"source": self.vocab_size, "target": self.output_vocab_size})
 
   @property
   def head_dim(self) -> int:
     return self.model_dim // self.num_heads
+
+  @property
+  def output_vocab_size(self) -> int:
+    """Rows of the decoder's token table and columns of the logits."""
+    return self.target_vocab_size or self.vocab_size
+
+  @property
+  def ffn_dropout_rate(self) -> float:
+    """Dropout on the feed-forward hidden layer."""
+    return self.dropout_rate if self.activation_dropout_rate is None else self.activation_dropout_rate
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,10 +163,14 @@ class RNNConfig:
   tie_output: bool = False  # output projection reuses the decoder's token table
   max_len: int = 512  # longest source or target the model accepts
   dtype: str = "float32"
+  pad_id: int = 0  # fills rows after their end; masked everywhere
+  decoder_start_id: int = 1  # the decoder's first input
+  eos_id: int = 2  # ends an output
 
   def __post_init__(self):
     _check_positive(self, "vocab_size", "embed_dim", "hidden_dim", "num_encoder_layers",
                     "num_decoder_layers", "max_len")
+    _check_special_ids(self, {"source": self.vocab_size, "target": self.vocab_size})
     _check_choice(self, "cell", ("lstm", "gru", "simple"))
     _check_choice(self, "attention", ("none", "additive", "dot", "general"))
     _check_choice(self, "dtype", tuple(_DTYPES))
@@ -151,9 +214,20 @@ class DecodeConfig:
   top_k: int = 0  # sampling only; 0 = off
   top_p: float = 1.0  # sampling only; 1.0 = off
   seed: int = 0  # sampling rng seed
+  # Token rules of published checkpoints (their generation_config.json); the model's
+  # pad and decoder start ids (unless one is its eos) are never generated anyway.
+  forced_bos_id: int | None = None  # the first output token, e.g. a target language code
+  force_eos_at_limit: bool = False  # an output reaching the length limit ends with EOS
+  suppress_ids: tuple[int, ...] = ()  # more tokens never generated (single-token bad_words_ids)
 
   def __post_init__(self):
     _check_choice(self, "method", ("greedy", "beam", "sample"))
+    if self.forced_bos_id is not None and (not isinstance(self.forced_bos_id, int)
+                                           or self.forced_bos_id < 0):
+      _fail(self, "forced_bos_id", self.forced_bos_id, "must be a token id >= 0 or None")
+    if not isinstance(self.suppress_ids, tuple) or not all(
+        isinstance(i, int) and i >= 0 for i in self.suppress_ids):
+      _fail(self, "suppress_ids", self.suppress_ids, "must be a tuple of token ids >= 0")
     _check_positive(self, "beam_size")
     if self.alpha < 0:
       _fail(self, "alpha", self.alpha, "must be >= 0")

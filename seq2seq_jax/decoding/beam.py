@@ -7,7 +7,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from seq2seq_jax.decoding.step import StepFn, check_cache, check_decode_args, next_token_logprobs
+from seq2seq_jax.decoding.step import (StepFn, TokenRules, check_cache, check_decode_args,
+                                       next_token_logprobs)
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree
 
 # A score at or below this belongs to no real hypothesis: it went through a NEG_INF
@@ -107,8 +108,8 @@ class BeamState(NamedTuple):
 
 
 def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: int,
-                max_decode_len: int, alpha: float, bos_id: int, eos_id: int
-                ) -> tuple[Array, Array]:
+                max_decode_len: int, alpha: float, bos_id: int, eos_id: int,
+                pad_id: int = PAD_ID, rules: TokenRules = TokenRules()) -> tuple[Array, Array]:
   """Finds the W best-scoring outputs per row, best first.
 
   Each step expands every live beam by the whole vocabulary and keeps the 2W best
@@ -133,8 +134,10 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
     beam_size: W.
     max_decode_len: T, the most tokens per hypothesis (EOS included).
     alpha: length-penalty exponent; 0 ranks by total log-probability.
-    bos_id: the token fed on the first step.
+    bos_id: the token fed on the first step (the decoder start).
     eos_id: the token that ends a hypothesis.
+    pad_id: fills each hypothesis after its EOS; never generated.
+    rules: forced first token, EOS at the limit, suppressed ids (``TokenRules``).
 
   Returns:
     ``(tokens_BWT, scores_BW)``: the W best hypotheses per row, best first; tokens
@@ -150,7 +153,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
     ((2, 3, 4), (2, 3))
   """
   check_decode_args(batch_size=batch_size, max_decode_len=max_decode_len, bos_id=bos_id,
-                    eos_id=eos_id)
+                    eos_id=eos_id, pad_id=pad_id)
   if not isinstance(beam_size, int) or beam_size <= 0:
     raise ValueError(f"beam_size={beam_size!r} must be a positive integer")
   if alpha < 0:
@@ -172,7 +175,9 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
   def body(state: BeamState) -> BeamState:
     step = state.step
     tokens_N = state.live_seqs_BWT[:, :, step].reshape(batch * width)
-    logprobs_NV, cache = next_token_logprobs(step_fn, tokens_N, state.cache, bos_id=bos_id)
+    logprobs_NV, cache = next_token_logprobs(
+        step_fn, tokens_N, state.cache, step=step, max_decode_len=max_decode_len, bos_id=bos_id,
+        eos_id=eos_id, pad_id=pad_id, rules=rules)
     vocab = logprobs_NV.shape[-1]
     if 2 * width > width * vocab:
       raise ValueError(f"beam search needs a vocabulary of at least 2 tokens; got {vocab}")
@@ -212,7 +217,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
         finished_scores_BW=finished_scores_BW,
         cache=gather_beams(cache, parents_BW, flat=True))
 
-  seqs_BWT = jnp.full((batch, width, max_decode_len + 1), PAD_ID, jnp.int32)
+  seqs_BWT = jnp.full((batch, width, max_decode_len + 1), pad_id, jnp.int32)
   seqs_BWT = seqs_BWT.at[:, :, 0].set(bos_id)
   # All beams start identical; only beam 0 is alive so the first step does not
   # return W copies of the same candidates.
@@ -227,6 +232,6 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
   state = jax.lax.while_loop(cond, body, state)
 
   real_BW = state.finished_scores_BW > _DEAD
-  tokens_BWT = jnp.where(real_BW[:, :, None], state.finished_seqs_BWT[:, :, 1:], PAD_ID)
+  tokens_BWT = jnp.where(real_BW[:, :, None], state.finished_seqs_BWT[:, :, 1:], pad_id)
   scores_BW = jnp.where(real_BW, state.finished_scores_BW, NEG_INF)
   return tokens_BWT, scores_BW

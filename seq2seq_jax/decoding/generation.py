@@ -12,8 +12,9 @@ from seq2seq_jax.configs import DecodeConfig
 from seq2seq_jax.decoding.beam import beam_search, expand_to_beams
 from seq2seq_jax.decoding.greedy import greedy_search
 from seq2seq_jax.decoding.sampling import sample
-from seq2seq_jax.decoding.step import StepFn, check_cache
-from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID, Array, PRNGKey, PyTree
+from seq2seq_jax.decoding.step import StepFn, TokenRules, check_cache
+from seq2seq_jax.models.base import special_ids
+from seq2seq_jax.types import Array, PRNGKey, PyTree
 
 
 def decode_length(model: nn.Module, source_len: int, decode_config: DecodeConfig) -> int:
@@ -40,9 +41,10 @@ def _uncached_step_fn(model: nn.Module, params: PyTree, memory: PyTree) -> StepF
   """Re-runs ``decode`` on the whole prefix; its cache is the prefix itself.
 
   Cache: ``{"targets_NT": int32 [N, T + 1], "index": int32 scalar}``. Column
-  ``index`` receives the token fed at step ``index`` (BOS at step 0), so columns
-  1.. hold the generated tokens, which ``decode`` shifts right behind BOS itself.
-  Causal attention keeps the unwritten PAD columns from reaching position ``index``.
+  ``index`` receives the token fed at step ``index`` (the decoder start at step 0),
+  so columns 1.. hold the generated tokens, which ``decode`` shifts right behind the
+  start itself. Causal attention keeps the unwritten PAD columns from reaching
+  position ``index``.
   """
   def step_fn(tokens_N: Array, cache: PyTree) -> tuple[Array, PyTree]:
     index = cache["index"]
@@ -58,17 +60,21 @@ def _uncached_step_fn(model: nn.Module, params: PyTree, memory: PyTree) -> StepF
 def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, *,
               decode_config: DecodeConfig, max_decode_len: int, cached: bool, n_best: bool):
   batch = inputs_BS.shape[0]
+  ids = special_ids(model)
   memory = model.apply({"params": params}, inputs_BS, method="encode")
   check_cache(memory, batch, "memory")
   if cached:
     cache = model.apply({"params": params}, memory, max_decode_len, method="init_cache")
     make_step_fn = _cached_step_fn
   else:
-    cache = {"targets_NT": jnp.full((batch, max_decode_len + 1), PAD_ID, jnp.int32),
+    cache = {"targets_NT": jnp.full((batch, max_decode_len + 1), ids.pad_id, jnp.int32),
              "index": jnp.zeros((), jnp.int32)}
     make_step_fn = _uncached_step_fn
-  common = dict(batch_size=batch, max_decode_len=max_decode_len, bos_id=BOS_ID, eos_id=EOS_ID)
   config = decode_config
+  rules = TokenRules(suppress_ids=config.suppress_ids, forced_bos_id=config.forced_bos_id,
+                     force_eos_at_limit=config.force_eos_at_limit)
+  common = dict(batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
+                eos_id=ids.eos_id, pad_id=ids.pad_id, rules=rules)
   if config.method == "beam":
     step_fn = make_step_fn(model, params, expand_to_beams(memory, config.beam_size))
     tokens_BWT, scores_BW = beam_search(step_fn, cache, beam_size=config.beam_size,
@@ -110,15 +116,17 @@ def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: 
   Args:
     model: a Linen module with ``encode``, ``init_cache`` and ``decode_step``.
     params: its parameters (the ``"params"`` collection).
-    inputs_BS: int source ids, PAD (0) after each row's EOS.
-    decode_config: method, beam size, length penalty, length limit, sampling knobs.
-      The length limit is ``decode_config.decode_len(S)`` (see ``decode_length``).
+    inputs_BS: int source ids, the model's pad id after each row's EOS.
+    decode_config: method, beam size, length penalty, length limit, sampling knobs
+      and token rules (forced first token, EOS at the limit, suppressed ids). The
+      length limit is ``decode_config.decode_len(S)`` (see ``decode_length``).
+      The pad, decoder start and eos ids are the model's (``special_ids``).
     rng: sampling key; defaults to ``jax.random.key(decode_config.seed)``.
     n_best: beam search only: return all W hypotheses.
 
   Returns:
-    ``(tokens_BT, scores_B)``, the best output per row (tokens exclude BOS, include
-    EOS, PAD after it; scores are total log-probabilities, divided by the length
+    ``(tokens_BT, scores_B)``, the best output per row (tokens exclude the decoder
+    start, include EOS, the model's pad id after it; scores are total log-probabilities, divided by the length
     penalty for beam search), or ``(tokens_BWT, scores_BW)`` best first with ``n_best``.
 
   Example:

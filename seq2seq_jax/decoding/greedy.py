@@ -7,7 +7,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from seq2seq_jax.decoding.step import StepFn, check_cache, check_decode_args, next_token_logprobs
+from seq2seq_jax.decoding.step import (StepFn, TokenRules, check_cache, check_decode_args,
+                                       next_token_logprobs)
 from seq2seq_jax.types import PAD_ID, Array, PRNGKey, PyTree
 
 # (logprobs_BV float32, rng or None) -> next tokens_B int32.
@@ -26,12 +27,14 @@ class _LoopState(NamedTuple):
 
 def decode_one_token_at_a_time(step_fn: StepFn, cache: PyTree, choose: ChooseFn, *,
                                rng: PRNGKey | None, batch_size: int, max_decode_len: int,
-                               bos_id: int, eos_id: int) -> tuple[Array, Array]:
+                               bos_id: int, eos_id: int, pad_id: int = PAD_ID,
+                               rules: TokenRules = TokenRules()) -> tuple[Array, Array]:
   """Runs ``choose`` on the next-token log-probabilities until every row ends.
 
   One ``lax.while_loop``; step t calls ``choose`` with ``fold_in(rng, t)`` (None
   when ``rng`` is None). It stops as soon as every row has emitted EOS or after
-  ``max_decode_len`` tokens. Rows that have finished feed PAD and get PAD.
+  ``max_decode_len`` tokens. Rows that have finished feed ``pad_id`` and get it;
+  ``rules`` (see ``TokenRules``) constrain the tokens ``choose`` can pick.
 
   Returns:
     ``(tokens_BT, scores_B)`` with ``T = max_decode_len``: tokens exclude BOS,
@@ -39,17 +42,19 @@ def decode_one_token_at_a_time(step_fn: StepFn, cache: PyTree, choose: ChooseFn,
     of the tokens up to and including EOS.
   """
   check_decode_args(batch_size=batch_size, max_decode_len=max_decode_len, bos_id=bos_id,
-                    eos_id=eos_id)
+                    eos_id=eos_id, pad_id=pad_id)
   check_cache(cache, batch_size)
 
   def cond(state: _LoopState) -> Array:
     return jnp.logical_and(state.step < max_decode_len, ~jnp.all(state.finished_B))
 
   def body(state: _LoopState) -> _LoopState:
-    logprobs_BV, cache = next_token_logprobs(step_fn, state.last_B, state.cache, bos_id=bos_id)
+    logprobs_BV, cache = next_token_logprobs(
+        step_fn, state.last_B, state.cache, step=state.step, max_decode_len=max_decode_len,
+        bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, rules=rules)
     step_rng = None if state.rng is None else jax.random.fold_in(state.rng, state.step)
     chosen_B = choose(logprobs_BV, step_rng).astype(jnp.int32)
-    next_B = jnp.where(state.finished_B, PAD_ID, chosen_B)
+    next_B = jnp.where(state.finished_B, pad_id, chosen_B)
     logprob_B = jnp.take_along_axis(logprobs_BV, chosen_B[:, None], axis=-1)[:, 0]
     return _LoopState(
         step=state.step + 1,
@@ -63,7 +68,7 @@ def decode_one_token_at_a_time(step_fn: StepFn, cache: PyTree, choose: ChooseFn,
   state = _LoopState(
       step=jnp.zeros((), jnp.int32),
       last_B=jnp.full((batch_size,), bos_id, jnp.int32),
-      tokens_BT=jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
+      tokens_BT=jnp.full((batch_size, max_decode_len), pad_id, jnp.int32),
       scores_B=jnp.zeros((batch_size,), jnp.float32),
       finished_B=jnp.zeros((batch_size,), bool),
       cache=cache,
@@ -73,7 +78,8 @@ def decode_one_token_at_a_time(step_fn: StepFn, cache: PyTree, choose: ChooseFn,
 
 
 def greedy_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, max_decode_len: int,
-                  bos_id: int, eos_id: int) -> tuple[Array, Array]:
+                  bos_id: int, eos_id: int, pad_id: int = PAD_ID,
+                  rules: TokenRules = TokenRules()) -> tuple[Array, Array]:
   """Picks the most probable next token at every step.
 
   Traceable; call it under ``jax.jit`` (``generate`` does).
@@ -83,8 +89,10 @@ def greedy_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, max_decode
     cache: the model's initial cache; non-scalar leaves ``[B, ...]``.
     batch_size: B.
     max_decode_len: T, the most tokens generated per row (EOS included).
-    bos_id: the token fed on the first step.
+    bos_id: the token fed on the first step (the decoder start).
     eos_id: the token that ends a row.
+    pad_id: fills each row after its EOS; never generated.
+    rules: forced first token, EOS at the limit, suppressed ids (``TokenRules``).
 
   Returns:
     ``(tokens_BT, scores_B)``: tokens exclude BOS, include EOS, PAD after it (a row
@@ -102,4 +110,4 @@ def greedy_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, max_decode
 
   return decode_one_token_at_a_time(step_fn, cache, argmax, rng=None,
                                     batch_size=batch_size, max_decode_len=max_decode_len,
-                                    bos_id=bos_id, eos_id=eos_id)
+                                    bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, rules=rules)

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq_jax.decoding.greedy import decode_one_token_at_a_time
-from seq2seq_jax.decoding.step import StepFn
-from seq2seq_jax.types import NEG_INF, Array, PRNGKey, PyTree
+from seq2seq_jax.decoding.step import StepFn, TokenRules
+from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PRNGKey, PyTree
 
 
 def sample_logprobs(logprobs_NV: Array, *, rng: PRNGKey, temperature: float = 1.0,
@@ -45,7 +45,8 @@ def sample_logprobs(logprobs_NV: Array, *, rng: PRNGKey, temperature: float = 1.
 
 def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
            max_decode_len: int, bos_id: int, eos_id: int, temperature: float = 1.0,
-           top_k: int = 0, top_p: float = 1.0) -> tuple[Array, Array]:
+           top_k: int = 0, top_p: float = 1.0, pad_id: int = PAD_ID,
+           rules: TokenRules = TokenRules()) -> tuple[Array, Array]:
   """Samples each next token from the model's (tempered, truncated) distribution.
 
   Traceable; call it under ``jax.jit``. ``temperature``, ``top_k`` and ``top_p``
@@ -62,6 +63,8 @@ def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
     temperature: > 0 flattens (> 1) or sharpens (< 1) the distribution; 0 is greedy.
     top_k: sample among the k most probable tokens; 0 = all.
     top_p: nucleus sampling over the top-k set; 1.0 = off.
+    pad_id: fills each row after its EOS; never generated.
+    rules: forced first token, EOS at the limit, suppressed ids (``TokenRules``).
 
   Returns:
     ``(tokens_BT, scores_B)`` as ``greedy_search``; scores are the model's own
@@ -84,4 +87,5 @@ def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
                            top_p=top_p)
 
   return decode_one_token_at_a_time(step_fn, cache, choose, rng=rng, batch_size=batch_size,
-                                    max_decode_len=max_decode_len, bos_id=bos_id, eos_id=eos_id)
+                                    max_decode_len=max_decode_len, bos_id=bos_id, eos_id=eos_id,
+                                    pad_id=pad_id, rules=rules)

@@ -18,14 +18,43 @@ def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
   Row p is ``sin(p / 10000^(2i/dim))`` in column 2i and the cosine in column 2i+1,
   computed in float64 so long tables stay exact to float32 precision.
   """
+  return position_table("sinusoidal", max_len, dim)
+
+
+def position_table(kind: str, max_len: int, dim: int, offset: int = 0) -> np.ndarray:
+  """A fixed float32 position table ``[max_len, dim]``; row p encodes position p + offset.
+
+  Kinds:
+    ``"sinusoidal"``: ``sinusoidal_table``, sines and cosines interleaved.
+    ``"sinusoidal_marian"``: the same frequencies, all sines in the first half of the
+      columns and the cosines in the second (MarianMT / OPUS-MT).
+    ``"sinusoidal_fairseq"``: tensor2tensor's frequencies ``10000^(-i / (dim/2 - 1))``,
+      sines then cosines, computed in float32 as fairseq and M2M100 / NLLB do; those
+      models start counting at ``pad_id + 1``, which ``offset`` gives.
+  """
   if dim % 2:
     raise ValueError(f"sinusoidal positions need an even width; got dim={dim}")
-  positions_P1 = np.arange(max_len, dtype=np.float64)[:, None]
-  inv_freq_1I = np.power(10000.0, -np.arange(0, dim, 2, dtype=np.float64) / dim)[None, :]
-  angles_PI = positions_P1 * inv_freq_1I
+  half = dim // 2
+  if kind == "sinusoidal_fairseq":
+    if half < 2:
+      raise ValueError(f"sinusoidal_fairseq positions need dim >= 4; got dim={dim}")
+    # float32 at every step, as the reference builds it (it is stored nowhere).
+    step = np.float32(-np.log(10000.0) / (half - 1))
+    inv_freq_1I = np.exp(np.arange(half, dtype=np.float32) * step)[None, :]
+    angles_PI = np.arange(offset, offset + max_len, dtype=np.float32)[:, None] * inv_freq_1I
+    angles_PI = angles_PI.astype(np.float64)
+  else:
+    positions_P1 = np.arange(offset, offset + max_len, dtype=np.float64)[:, None]
+    inv_freq_1I = np.power(10000.0, -np.arange(0, dim, 2, dtype=np.float64) / dim)[None, :]
+    angles_PI = positions_P1 * inv_freq_1I
   table = np.empty((max_len, dim), dtype=np.float64)
-  table[:, 0::2] = np.sin(angles_PI)
-  table[:, 1::2] = np.cos(angles_PI)
+  if kind == "sinusoidal":
+    table[:, 0::2], table[:, 1::2] = np.sin(angles_PI), np.cos(angles_PI)
+  elif kind in ("sinusoidal_marian", "sinusoidal_fairseq"):
+    table[:, :half], table[:, half:] = np.sin(angles_PI), np.cos(angles_PI)
+  else:
+    raise ValueError(f"position table kind={kind!r}: must be 'sinusoidal', 'sinusoidal_marian' "
+                     "or 'sinusoidal_fairseq'")
   return table.astype(np.float32)
 
 
@@ -87,21 +116,21 @@ output_logits.defvjp(_output_logits_fwd, _output_logits_bwd)
 
 
 class PositionEmbedding(nn.Module):
-  """Adds sinusoidal or learned position vectors, starting at an offset (for decode steps)."""
+  """Adds fixed or learned position vectors, starting at an offset (for decode steps)."""
 
   max_len: int
   dim: int
-  kind: str = "sinusoidal"  # "sinusoidal" or "learned"
+  kind: str = "sinusoidal"  # "learned", or a fixed table kind of ``position_table``
   dtype: Any = jnp.float32
+  table_offset: int = 0  # fixed tables: row p encodes position p + table_offset
 
   def setup(self):
-    if self.kind == "sinusoidal":
-      self.table = jnp.asarray(sinusoidal_table(self.max_len, self.dim))
-    elif self.kind == "learned":
+    if self.kind == "learned":
       self.table = self.param("position_embedding", nn.initializers.normal(stddev=0.02),
                               (self.max_len, self.dim), jnp.float32)
     else:
-      raise ValueError(f"positions={self.kind!r}: must be 'sinusoidal' or 'learned'")
+      self.table = jnp.asarray(position_table(self.kind, self.max_len, self.dim,
+                                              self.table_offset))
 
   def __call__(self, x_BTD: Array, offset: Array | int = 0) -> Array:
     """``x + P[offset : offset + T]``.

@@ -1,4 +1,4 @@
-"""The position-wise feed-forward layer: Dense(F) -> ReLU -> dropout -> Dense(D)."""
+"""The position-wise feed-forward layer: Dense(F) -> activation -> dropout -> Dense(D)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,21 @@ import jax.numpy as jnp
 from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.types import Array
 
+ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": lambda x: nn.gelu(x, approximate=False),  # the erf form (PyTorch's default)
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "swish": nn.swish,  # x * sigmoid(x), also called SiLU
+}
+
 
 class FeedForward(nn.Module):
-  """``max(0, x W1 + b1) W2 + b2``, applied to every position alike."""
+  """``act(x W1 + b1) W2 + b2`` (ReLU in the 2017 paper), applied to every position alike."""
 
   hidden_dim: int  # F
   out_dim: int  # D
   dropout_rate: float = 0.0
-  activation: str = "relu"  # "relu" (2017 paper) or "gelu"
+  activation: str = "relu"  # a key of ACTIVATIONS: relu, gelu (erf), gelu_tanh, swish
   dtype: Any = jnp.float32
   kernel_init: Any = nn.initializers.xavier_uniform()
 
@@ -25,7 +32,10 @@ class FeedForward(nn.Module):
   def __call__(self, x_BTD: Array, *, deterministic: bool = True) -> Array:
     h_BTF = nn.Dense(self.hidden_dim, dtype=self.dtype, kernel_init=self.kernel_init,
                      name="wi")(x_BTD)
-    h_BTF = nn.relu(h_BTF) if self.activation == "relu" else nn.gelu(h_BTF)
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"FeedForward.activation={self.activation!r}: must be one of "
+                       f"{', '.join(ACTIVATIONS)}")
+    h_BTF = ACTIVATIONS[self.activation](h_BTF)
     h_BTF = Dropout(self.dropout_rate)(h_BTF, deterministic=deterministic)
     return nn.Dense(self.out_dim, dtype=self.dtype, kernel_init=self.kernel_init,
                     name="wo")(h_BTF)

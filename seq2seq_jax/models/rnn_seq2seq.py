@@ -20,7 +20,7 @@ from seq2seq_jax.layers.embeddings import TokenEmbedding
 from seq2seq_jax.layers.recurrent import (RNNEncoder, carry_hidden, make_cell, reverse_padded,
                                           sequence_lengths)
 from seq2seq_jax.models.base import check_decode_len, shift_right
-from seq2seq_jax.types import PAD_ID, Array, PyTree
+from seq2seq_jax.types import Array, PyTree
 
 
 def _stack_layers(carries: list[PyTree]) -> PyTree:
@@ -166,11 +166,11 @@ class RNNSeq2Seq(nn.Module):
     """Reads right-padded source ids ``[B, S]`` (pieces then EOS) into the memory pytree."""
     cfg = self.config
     self._check_length(inputs_BS.shape[1], "source")
-    lengths_B = sequence_lengths(inputs_BS)
+    lengths_B = sequence_lengths(inputs_BS, pad_id=self.config.pad_id)
     tokens_BS = reverse_padded(inputs_BS, lengths_B) if cfg.reverse_source else inputs_BS
     embedded_BSE = self.dropout(self.source_embed(tokens_BS), deterministic=deterministic)
     encoded_BSD, final = self.encoder(embedded_BSE, lengths_B, deterministic=deterministic)
-    mask_BS = inputs_BS != PAD_ID
+    mask_BS = inputs_BS != self.config.pad_id
     if cfg.reverse_source:
       # Keep states aligned with the source as given (attention plots, padding).
       encoded_BSD = reverse_padded(encoded_BSD, lengths_B)
@@ -228,7 +228,8 @@ class RNNSeq2Seq(nn.Module):
     if return_attention and cfg.attention == "none":
       raise ValueError("return_attention=True needs an attention model; "
                        "RNNConfig.attention is 'none'")
-    embedded_BTE = self.dropout(self.target_embed(shift_right(targets_BT)),
+    decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id)
+    embedded_BTE = self.dropout(self.target_embed(decoder_inputs_BT),
                                 deterministic=deterministic)
 
     def body(step, carry, embedded_BE):

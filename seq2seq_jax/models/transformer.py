@@ -31,7 +31,7 @@ from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
 from seq2seq_jax.layers.feedforward import FeedForward
 from seq2seq_jax.models.base import check_decode_len, shift_right
-from seq2seq_jax.types import PAD_ID, Array, PyTree
+from seq2seq_jax.types import Array, PyTree
 
 
 def _attention(config: TransformerConfig, name: str) -> MultiHeadAttention:
@@ -41,13 +41,19 @@ def _attention(config: TransformerConfig, name: str) -> MultiHeadAttention:
       implementation=config.attention_impl, name=name)
 
 
+def _feed_forward(config: TransformerConfig) -> FeedForward:
+  return FeedForward(config.mlp_dim, config.model_dim, config.ffn_dropout_rate,
+                     activation=config.activation, dtype=compute_dtype(config.dtype))
+
+
 class _Residual(nn.Module):
   """``x + dropout(f(x))`` with LayerNorm after (post-LN) or before the sublayer (pre-LN)."""
 
   config: TransformerConfig
 
   def setup(self):
-    self.norm = nn.LayerNorm(dtype=compute_dtype(self.config.dtype))
+    self.norm = nn.LayerNorm(epsilon=self.config.layer_norm_epsilon,
+                             dtype=compute_dtype(self.config.dtype))
     self.dropout = Dropout(self.config.dropout_rate)
 
   def before(self, x_BTD: Array) -> Array:
@@ -68,8 +74,7 @@ class EncoderLayer(nn.Module):
   def setup(self):
     c = self.config
     self.self_attention = _attention(c, "self_attention")
-    self.feed_forward = FeedForward(c.mlp_dim, c.model_dim, c.dropout_rate,
-                                    dtype=compute_dtype(c.dtype))
+    self.feed_forward = _feed_forward(c)
     self.attention_residual = _Residual(c)
     self.feed_forward_residual = _Residual(c)
 
@@ -92,8 +97,7 @@ class DecoderLayer(nn.Module):
     c = self.config
     self.self_attention = _attention(c, "self_attention")
     self.cross_attention = _attention(c, "cross_attention")
-    self.feed_forward = FeedForward(c.mlp_dim, c.model_dim, c.dropout_rate,
-                                    dtype=compute_dtype(c.dtype))
+    self.feed_forward = _feed_forward(c)
     self.self_residual = _Residual(c)
     self.cross_residual = _Residual(c)
     self.feed_forward_residual = _Residual(c)
@@ -155,19 +159,27 @@ class Transformer(nn.Module):
   def setup(self):
     c = self.config
     dtype = compute_dtype(c.dtype)
-    self.source_embedding = TokenEmbedding(c.vocab_size, c.model_dim, dtype=dtype)
+    self.source_embedding = TokenEmbedding(c.vocab_size, c.model_dim, dtype=dtype,
+                                           scale=c.scale_embeddings)
     self.target_embedding = (self.source_embedding if c.share_embeddings else
-                             TokenEmbedding(c.vocab_size, c.model_dim, dtype=dtype))
-    self.source_positions = PositionEmbedding(c.max_len, c.model_dim, c.positions, dtype=dtype)
-    self.target_positions = PositionEmbedding(c.max_len, c.model_dim, c.positions, dtype=dtype)
+                             TokenEmbedding(c.output_vocab_size, c.model_dim, dtype=dtype,
+                                            scale=c.scale_embeddings))
+    positions = lambda: PositionEmbedding(c.max_len, c.model_dim, c.positions, dtype=dtype,
+                                          table_offset=c.position_offset)
+    self.source_positions = positions()
+    self.target_positions = positions()
     self.dropout = Dropout(c.dropout_rate)
     self.encoder_layers = [EncoderLayer(c) for _ in range(c.num_encoder_layers)]
     self.decoder_layers = [DecoderLayer(c) for _ in range(c.num_decoder_layers)]
     if c.norm == "pre":
-      self.encoder_norm = nn.LayerNorm(dtype=dtype)
-      self.decoder_norm = nn.LayerNorm(dtype=dtype)
+      self.encoder_norm = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=dtype)
+      self.decoder_norm = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=dtype)
     if not c.tie_output:
-      self.output_projection = nn.Dense(c.vocab_size, dtype=dtype, name="output_projection")
+      self.output_projection = nn.Dense(c.output_vocab_size, dtype=dtype,
+                                        name="output_projection")
+    elif c.output_bias:
+      self.output_bias = self.param("output_bias", nn.initializers.zeros,
+                                    (c.output_vocab_size,), jnp.float32)
 
   def _check_tokens(self, tokens: Array, what: str) -> None:
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -179,12 +191,12 @@ class Transformer(nn.Module):
 
   def encode(self, inputs_BS: Array, *, deterministic: bool = True,
              return_attention: bool = False):
-    """Encodes source ids (PAD = 0) into the memory dict (see the class docstring).
+    """Encodes source ids (``config.pad_id`` after each row) into the memory dict (see the class docstring).
 
     With ``return_attention`` returns ``(memory, weights_LBHSS)``.
     """
     self._check_tokens(inputs_BS, "inputs")
-    mask_B11S = make_padding_mask(inputs_BS)
+    mask_B11S = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
     x_BSD = self.source_positions(self.source_embedding(inputs_BS))
     x_BSD = self.dropout(x_BSD, deterministic=deterministic)
     weights = []
@@ -194,7 +206,7 @@ class Transformer(nn.Module):
     if self.config.norm == "pre":
       x_BSD = self.encoder_norm(x_BSD)
     keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
-    memory = {"encoded": x_BSD, "source_valid": inputs_BS != PAD_ID,
+    memory = {"encoded": x_BSD, "source_valid": inputs_BS != self.config.pad_id,
               "cross_key": tuple(keys), "cross_value": tuple(values)}
     if return_attention:
       return memory, jnp.stack(weights)
@@ -204,19 +216,20 @@ class Transformer(nn.Module):
     if self.config.norm == "pre":
       y_BTD = self.decoder_norm(y_BTD)
     if self.config.tie_output:
-      return self.target_embedding.attend(y_BTD)
+      logits_BTV = self.target_embedding.attend(y_BTD)
+      return logits_BTV + self.output_bias if self.config.output_bias else logits_BTV
     return self.output_projection(y_BTD).astype(jnp.float32)
 
   def decode(self, memory: PyTree, targets_BT: Array, *, deterministic: bool = True,
              return_attention: bool = False):
     """Teacher-forced decoding: float32 logits ``[B, T, V]`` predicting ``targets_BT``.
 
-    The decoder reads ``shift_right(targets_BT)`` (BOS in front). With
+    The decoder reads ``shift_right(targets_BT, config.decoder_start_id)``. With
     ``return_attention`` returns ``(logits, {"decoder_self": [L, B, H, T, T],
     "cross": [L, B, H, T, S]})``.
     """
     self._check_tokens(targets_BT, "targets")
-    decoder_inputs_BT = shift_right(targets_BT)
+    decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id)
     causal_B1TT = make_causal_mask(decoder_inputs_BT)
     cross_mask_B11S = memory["source_valid"][:, None, None, :]
     y_BTD = self.target_positions(self.target_embedding(decoder_inputs_BT))
@@ -260,7 +273,7 @@ class Transformer(nn.Module):
     return {"index": jnp.zeros((), jnp.int32), "self_attention": kv}
 
   def decode_step(self, memory: PyTree, tokens_B: Array, cache: dict[str, Any]):
-    """Decodes one position: ``tokens_B`` is the previous token (BOS at the start).
+    """Decodes one position: ``tokens_B`` is the previous token (the decoder start at first).
 
     Returns ``(logits_BV, cache)`` with the cache advanced by one position. A
     step past the cache's length returns NaN logits rather than silently
