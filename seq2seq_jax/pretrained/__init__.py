@@ -1,0 +1,232 @@
+"""Published translation checkpoints in JAX: OPUS-MT (MarianMT) and M2M100 / NLLB-200.
+
+``load(path)`` reads a directory as transformers' ``save_pretrained`` writes it
+(``config.json``, ``model.safetensors`` or ``pytorch_model.bin``,
+``generation_config.json``, the tokenizer files) into this library's
+``Transformer``, its parameters, a sentencepiece tokenizer and a ``DecodeConfig``,
+without torch or transformers. ``save`` writes them back in that layout. Each
+checkpoint family is one module here: a mapping of names and shapes onto the
+library's parameters (``marian``, ``m2m100``) and its tokenizer (``tokenizers``).
+
+Example:
+  >>> from seq2seq_jax import pretrained
+  >>> checkpoint = pretrained.load("opus-mt-de-en")  # a local save_pretrained directory
+  >>> tokens, scores = s2s.generate(checkpoint.model, checkpoint.params, input_ids,
+  ...                               checkpoint.decode_config)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from seq2seq_jax.configs import DecodeConfig, TransformerConfig
+from seq2seq_jax.models.transformer import Transformer
+from seq2seq_jax.pretrained import _convert, _io, m2m100, marian
+from seq2seq_jax.types import PyTree
+
+logger = logging.getLogger("seq2seq_jax")
+
+FAMILIES = {marian.MODEL_TYPE: marian, m2m100.MODEL_TYPE: m2m100}
+
+# generation_config.json fields honoured below, and those that would change outputs
+# this library's search does not reproduce (a warning names them).
+_UNSUPPORTED_GENERATION = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
+                           "min_length": 0, "min_new_tokens": None, "num_beam_groups": 1,
+                           "diversity_penalty": 0.0, "do_sample": False,
+                           "encoder_no_repeat_ngram_size": 0}
+
+
+@dataclasses.dataclass
+class Pretrained:
+  """A loaded checkpoint: this library's model, parameters, tokenizer and search settings.
+
+  Attributes:
+    model: a ``Transformer`` (the encode / decode / init_cache / decode_step contract).
+    params: its parameters, float32 NumPy-backed jax arrays.
+    tokenizer: a ``tokenizers.MarianTokenizer`` or ``tokenizers.M2M100Tokenizer``.
+    decode_config: the search of ``generation_config.json`` (see ``decode_config``).
+    family: ``"marian"`` or ``"m2m_100"`` (transformers' ``model_type``).
+    hf_config: ``config.json`` as read, written back by ``save``.
+    generation_config: ``generation_config.json`` as read ({} when absent).
+    path: where it was loaded from.
+  """
+
+  model: Transformer
+  params: PyTree
+  tokenizer: Any
+  decode_config: DecodeConfig
+  family: str
+  hf_config: dict[str, Any]
+  generation_config: dict[str, Any]
+  path: pathlib.Path | None = None
+
+  @property
+  def config(self) -> TransformerConfig:
+    return self.model.config
+
+
+def _resolve(path: str | os.PathLike) -> pathlib.Path:
+  directory = pathlib.Path(path).expanduser()
+  if directory.is_dir():
+    return directory
+  if directory.exists():
+    raise ValueError(f"{directory}: is a file; pass the directory save_pretrained wrote")
+  name = str(path)
+  if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    try:
+      import huggingface_hub  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      raise ValueError(f"{name}: no such directory; to fetch it from the Hugging Face hub "
+                       "install huggingface_hub, or pass a local directory") from None
+    try:
+      return pathlib.Path(huggingface_hub.snapshot_download(
+          name, allow_patterns=["*.json", "*.safetensors", "*.spm", "*.model", "*.txt"]))
+    except Exception as error:  # network, authentication, unknown id: all say why
+      raise ValueError(f"{name}: no such directory, and the hub download failed: "
+                       f"{type(error).__name__}: {error}") from None
+  raise ValueError(f"{directory}: no such directory")
+
+
+def _family(hf_config: dict[str, Any], source: pathlib.Path):
+  model_type = hf_config.get("model_type")
+  architectures = hf_config.get("architectures") or []
+  if model_type not in FAMILIES:
+    raise ValueError(f"{source}: model_type={model_type!r} is not supported; this library "
+                     f"loads {', '.join(sorted(FAMILIES))} (MarianMTModel, "
+                     "M2M100ForConditionalGeneration)")
+  family = FAMILIES[model_type]
+  unknown = [a for a in architectures if a not in family.ARCHITECTURES]
+  if unknown:
+    raise ValueError(f"{source}: architectures={unknown} is not supported for model_type="
+                     f"{model_type!r}; supported: {', '.join(family.ARCHITECTURES)}")
+  return family
+
+
+def decode_config(generation: dict[str, Any], config: TransformerConfig,
+                  source: pathlib.Path) -> DecodeConfig:
+  """The ``DecodeConfig`` of a ``generation_config.json``.
+
+  Honoured: ``num_beams`` (beam search when > 1), ``max_new_tokens`` or
+  ``max_length`` (which counts the decoder start, so ``max_length - 1`` tokens are
+  generated), ``forced_bos_token_id``, ``forced_eos_token_id`` (EOS at the length
+  limit), single-token ``bad_words_ids`` (never generated), ``length_penalty`` as
+  the GNMT exponent ``alpha`` (transformers divides by ``length ** length_penalty``
+  instead; the rankings differ slightly). Fields that change outputs in ways this
+  search does not reproduce (``no_repeat_ngram_size``, ``repetition_penalty``...)
+  are named in a warning.
+  """
+  where = source / "generation_config.json"
+  for name, neutral in _UNSUPPORTED_GENERATION.items():
+    if generation.get(name, neutral) not in (neutral, None):
+      logger.warning("%s: %s=%r is not supported and is ignored", where, name,
+                     generation[name])
+  bad = generation.get("bad_words_ids") or []
+  if not isinstance(bad, list) or any(not isinstance(ids, list) or len(ids) != 1 for ids in bad):
+    raise ValueError(f"{where}: bad_words_ids={bad!r}: only single-token entries "
+                     "([[id], ...]) are supported")
+  forced_eos = generation.get("forced_eos_token_id")
+  if forced_eos is not None and forced_eos != config.eos_id:
+    raise ValueError(f"{where}: forced_eos_token_id={forced_eos!r} differs from the model's "
+                     f"eos id {config.eos_id}; only the model's EOS can be forced")
+  if generation.get("max_new_tokens"):
+    max_decode_len = int(generation["max_new_tokens"])
+  else:
+    max_decode_len = int(generation.get("max_length") or 20) - 1
+  max_decode_len = min(max_decode_len, config.max_len)
+  beams = int(generation.get("num_beams") or 1)
+  forced_bos = generation.get("forced_bos_token_id")
+  return DecodeConfig(
+      method="beam" if beams > 1 else "greedy", beam_size=max(beams, 1),
+      alpha=float(generation.get("length_penalty", 1.0)) if beams > 1 else 0.6,
+      max_decode_len=max(max_decode_len, 1), forced_bos_id=forced_bos,
+      force_eos_at_limit=forced_eos is not None,
+      suppress_ids=tuple(sorted({ids[0] for ids in bad})))
+
+
+def load(path: str | os.PathLike, *, dtype: str = "float32") -> Pretrained:
+  """Loads a MarianMT or M2M100 / NLLB checkpoint directory.
+
+  Args:
+    path: a local directory as ``save_pretrained`` writes it; a hub id
+      ("Helsinki-NLP/opus-mt-de-en") is fetched with ``huggingface_hub`` when it
+      is installed and online.
+    dtype: the compute dtype, "float32" or "bfloat16" (parameters stay float32).
+
+  Raises:
+    ValueError: naming the file and the field, for a directory without weights,
+      an unsupported architecture, a tensor that is missing, unknown or of the
+      wrong shape.
+  """
+  directory = _resolve(path)
+  hf_config = _io.read_json(directory / "config.json", "config.json")
+  family = _family(hf_config, directory / "config.json")
+  config = family.transformer_config(hf_config, directory / "config.json", dtype)
+  tensors, weights_path = _io.read_weights(directory)
+  rules = family.rules(config, tensors)
+  model = Transformer(config)
+  ids = jnp.zeros((1, 1), jnp.int32)
+  expected = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids))["params"]
+  params = _convert.apply_rules(rules, tensors, expected, weights_path)
+  used = {rule.hf_name for rule in rules}
+  unknown = sorted(n for n in tensors if n not in used and not family.ignored(n))
+  if unknown:
+    raise ValueError(f"{weights_path}: tensors {unknown[:5]}{' ...' if len(unknown) > 5 else ''} "
+                     f"have no place in the {family.MODEL_TYPE} model config.json describes")
+  missing = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(expected)
+             if not _has_path(params, p)]
+  if missing:
+    raise ValueError(f"{weights_path}: no tensor for parameters {missing}")
+  family.check_fixed_tensors(config, tensors, weights_path)
+  generation_path = directory / "generation_config.json"
+  generation = (_io.read_json(generation_path, "generation_config.json")
+                if generation_path.is_file() else {})
+  from seq2seq_jax.pretrained import tokenizers  # pylint: disable=import-outside-toplevel
+  tokenizer = tokenizers.load_tokenizer(directory, family.MODEL_TYPE)
+  if tokenizer.vocab_size > config.output_vocab_size:
+    raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} target ids but "
+                     f"config.json's vocabulary has {config.output_vocab_size}")
+  return Pretrained(model=model, params=jax.tree_util.tree_map(jnp.asarray, params),
+                    tokenizer=tokenizer, decode_config=decode_config(generation, config, directory),
+                    family=family.MODEL_TYPE, hf_config=hf_config, generation_config=generation,
+                    path=directory)
+
+
+def _has_path(tree: dict, path) -> bool:
+  for key in path:
+    name = key.key if hasattr(key, "key") else key
+    if not isinstance(tree, dict) or name not in tree:
+      return False
+    tree = tree[name]
+  return True
+
+
+def save(checkpoint: Pretrained, path: str | os.PathLike, *, params: PyTree | None = None) -> None:
+  """Writes ``checkpoint`` (or ``params``, e.g. fine-tuned ones) in transformers' layout.
+
+  ``config.json``, ``generation_config.json``, ``model.safetensors`` (float32, tied
+  tables stored once as transformers itself stores them) and the tokenizer files:
+  ``MarianMTModel.from_pretrained`` / ``M2M100ForConditionalGeneration.from_pretrained``
+  and their tokenizers load the directory.
+  """
+  directory = pathlib.Path(path)
+  directory.mkdir(parents=True, exist_ok=True)
+  family = FAMILIES[checkpoint.family]
+  params = checkpoint.params if params is None else params
+  host = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
+  tensors = {rule.hf_name: np.ascontiguousarray(rule.to_hf(_convert.get_path(host, rule.path)))
+             for rule in family.rules(checkpoint.config, None)}
+  _io.write_safetensors(tensors, directory / "model.safetensors")
+  (directory / "config.json").write_text(json.dumps(checkpoint.hf_config, indent=2) + "\n")
+  if checkpoint.generation_config:
+    (directory / "generation_config.json").write_text(
+        json.dumps(checkpoint.generation_config, indent=2) + "\n")
+  checkpoint.tokenizer.save(directory)
