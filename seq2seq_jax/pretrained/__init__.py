@@ -52,7 +52,8 @@ class Pretrained:
   Attributes:
     model: a ``Transformer`` (the encode / decode / init_cache / decode_step contract).
     params: its parameters, float32 NumPy-backed jax arrays.
-    tokenizer: a ``tokenizers.MarianTokenizer`` or ``tokenizers.M2M100Tokenizer``.
+    tokenizer: a ``tokenizers.MarianTokenizer`` or ``tokenizers.M2M100Tokenizer``
+      (None when loaded with ``with_tokenizer=False``).
     decode_config: the search of ``generation_config.json`` (see ``decode_config``).
     family: ``"marian"`` or ``"m2m_100"`` (transformers' ``model_type``).
     hf_config: ``config.json`` as read, written back by ``save``.
@@ -152,7 +153,8 @@ def decode_config(generation: dict[str, Any], config: TransformerConfig,
       suppress_ids=tuple(sorted({ids[0] for ids in bad})))
 
 
-def load(path: str | os.PathLike, *, dtype: str = "float32") -> Pretrained:
+def load(path: str | os.PathLike, *, dtype: str = "float32",
+         with_tokenizer: bool = True) -> Pretrained:
   """Loads a MarianMT or M2M100 / NLLB checkpoint directory.
 
   Args:
@@ -160,6 +162,8 @@ def load(path: str | os.PathLike, *, dtype: str = "float32") -> Pretrained:
       ("Helsinki-NLP/opus-mt-de-en") is fetched with ``huggingface_hub`` when it
       is installed and online.
     dtype: the compute dtype, "float32" or "bfloat16" (parameters stay float32).
+    with_tokenizer: False loads a directory without tokenizer files (token ids in
+      and out only); ``tokenizer`` is then None.
 
   Raises:
     ValueError: naming the file and the field, for a directory without weights,
@@ -189,9 +193,11 @@ def load(path: str | os.PathLike, *, dtype: str = "float32") -> Pretrained:
   generation_path = directory / "generation_config.json"
   generation = (_io.read_json(generation_path, "generation_config.json")
                 if generation_path.is_file() else {})
-  from seq2seq_jax.pretrained import tokenizers  # pylint: disable=import-outside-toplevel
-  tokenizer = tokenizers.load_tokenizer(directory, family.MODEL_TYPE)
-  if tokenizer.vocab_size > config.output_vocab_size:
+  tokenizer = None
+  if with_tokenizer:
+    from seq2seq_jax.pretrained import tokenizers  # pylint: disable=import-outside-toplevel
+    tokenizer = tokenizers.load_tokenizer(directory, family.MODEL_TYPE)
+  if tokenizer is not None and tokenizer.vocab_size > config.output_vocab_size:
     raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} target ids but "
                      f"config.json's vocabulary has {config.output_vocab_size}")
   return Pretrained(model=model, params=jax.tree_util.tree_map(jnp.asarray, params),
@@ -229,4 +235,5 @@ def save(checkpoint: Pretrained, path: str | os.PathLike, *, params: PyTree | No
   if checkpoint.generation_config:
     (directory / "generation_config.json").write_text(
         json.dumps(checkpoint.generation_config, indent=2) + "\n")
-  checkpoint.tokenizer.save(directory)
+  if checkpoint.tokenizer is not None:
+    checkpoint.tokenizer.save(directory)
