@@ -164,7 +164,7 @@ class Checkpointer:
     Args:
       state: has ``step``, ``params`` and ``opt_state``.
       config: the run's config.
-      tokenizer: the run's ``Tokenizer`` (anything with ``to_bytes()``), or None.
+      tokenizer: the run's ``Tokenizer``, a pretrained checkpoint's tokenizer, or None.
       data_iterator: the training iterator, positioned at the next batch to train on.
       metrics: e.g. ``{"bleu": 21.3, "val_loss": 2.1}``; ``bleu`` ranks the best checkpoint.
 
@@ -175,13 +175,11 @@ class Checkpointer:
     if step in self.all_steps():
       return False
     metrics = {k: float(v) for k, v in (metrics or {}).items()}
-    proto = tokenizer.to_bytes() if tokenizer is not None else None
     items = {
         "params": ocp.args.StandardSave(state.params),
         "opt_state": ocp.args.StandardSave(state.opt_state),
         "config": ocp.args.JsonSave(config.to_dict()),
-        "tokenizer": ocp.args.JsonSave(
-            {"sentencepiece_base64": base64.b64encode(proto).decode("ascii") if proto else None}),
+        "tokenizer": ocp.args.JsonSave(tokenizer_to_json(tokenizer)),
         "meta": ocp.args.JsonSave({"step": step, "model_kind": config.model_kind,
                                    "metrics": metrics}),
     }
@@ -206,11 +204,19 @@ class Checkpointer:
     except (TypeError, ValueError) as error:
       raise CheckpointError(f"{self.directory}/{step}/config: {error}") from None
 
+  def _tokenizer_json(self, step: int | str | None) -> dict[str, Any]:
+    return dict(self._restore(self.resolve_step(step),
+                              tokenizer=ocp.args.JsonRestore())["tokenizer"])
+
   def load_tokenizer_bytes(self, step: int | str | None = None) -> bytes | None:
-    """The serialized sentencepiece model saved with a checkpoint (``Tokenizer.from_bytes``)."""
-    values = self._restore(self.resolve_step(step), tokenizer=ocp.args.JsonRestore())["tokenizer"]
-    encoded = values.get("sentencepiece_base64")
+    """The serialized sentencepiece model of a run's own ``Tokenizer`` (``from_bytes``);
+    None when the checkpoint holds none or a pretrained checkpoint's tokenizer."""
+    encoded = self._tokenizer_json(step).get("sentencepiece_base64")
     return base64.b64decode(encoded) if encoded else None
+
+  def load_tokenizer(self, step: int | str | None = None) -> Any:
+    """The tokenizer saved with a checkpoint (the run's own or a pretrained one), or None."""
+    return tokenizer_from_json(self._tokenizer_json(step))
 
   def check_params(self, abstract_params: PyTree, step: int | str | None = None) -> None:
     """Raises ``CheckpointError`` unless the saved parameters have these names and shapes."""
@@ -319,6 +325,27 @@ def load_params(directory: str | os.PathLike, *, step: int | str | None = "lates
   return params, config
 
 
+def tokenizer_to_json(tokenizer: Any) -> dict[str, Any]:
+  """The checkpoint's tokenizer item: the run's sentencepiece model, or a pretrained
+  checkpoint's tokenizer (``to_dict()``, with its ``kind``)."""
+  if tokenizer is None:
+    return {"sentencepiece_base64": None}
+  if hasattr(tokenizer, "to_dict"):
+    return {"pretrained": tokenizer.to_dict()}
+  return {"sentencepiece_base64": base64.b64encode(tokenizer.to_bytes()).decode("ascii")}
+
+
+def tokenizer_from_json(values: dict[str, Any]) -> Any:
+  """Inverse of ``tokenizer_to_json``; None when the checkpoint holds no tokenizer."""
+  if values.get("pretrained"):
+    from seq2seq_jax.pretrained import tokenizers  # pylint: disable=import-outside-toplevel
+    return tokenizers.tokenizer_from_dict(values["pretrained"])
+  if values.get("sentencepiece_base64"):
+    from seq2seq_jax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
+    return Tokenizer.from_bytes(base64.b64decode(values["sentencepiece_base64"]))
+  return None
+
+
 def average_checkpoints(directory: str | os.PathLike, output_directory: str | os.PathLike, *,
                         num_last: int) -> int:
   """Averages the parameters of the latest ``num_last`` checkpoints into a new checkpoint.
@@ -338,7 +365,7 @@ def average_checkpoints(directory: str | os.PathLike, output_directory: str | os
                        f"keeps steps {steps}")
     chosen = steps[-num_last:]
     config = source.load_config(chosen[-1])
-    tokenizer = source.load_tokenizer_bytes(chosen[-1])
+    tokenizer = source._tokenizer_json(chosen[-1])  # pylint: disable=protected-access
     abstract = _abstract_params(config.model)
     total = None
     for step in chosen:
@@ -349,11 +376,10 @@ def average_checkpoints(directory: str | os.PathLike, output_directory: str | os
   output = pathlib.Path(output_directory).expanduser().absolute()
   manager = ocp.CheckpointManager(output, options=ocp.CheckpointManagerOptions(
       enable_async_checkpointing=False, create=True), item_handlers=_handlers())
-  proto = base64.b64encode(tokenizer).decode("ascii") if tokenizer else None
   manager.save(chosen[-1], args=ocp.args.Composite(
       params=ocp.args.StandardSave(average),
       config=ocp.args.JsonSave(config.to_dict()),
-      tokenizer=ocp.args.JsonSave({"sentencepiece_base64": proto}),
+      tokenizer=ocp.args.JsonSave(tokenizer),
       meta=ocp.args.JsonSave({"step": chosen[-1], "model_kind": config.model_kind, "metrics": {},
                               "averaged_steps": chosen})), force=True)
   manager.wait_until_finished()

@@ -1,4 +1,5 @@
-"""The ``seq2seq-jax`` command line: ``prepare``, ``train``, ``evaluate``, ``translate``.
+"""The ``seq2seq-jax`` command line: ``prepare``, ``train``, ``evaluate``, ``translate``,
+``save-pretrained``.
 
 Flags become configs here and nowhere else. Each subcommand is a function
 ``run_NAME(args) -> exit status`` registered by ``_add_NAME(subparsers)``.
@@ -12,6 +13,12 @@ Example:
       --set data.manual_dir=../shared/data/multi30k/raw --set train.num_steps=400
   seq2seq-jax evaluate --workdir runs/m30k --split test_2016_flickr --beam-size 4
   echo "Ein Hund rennt." | seq2seq-jax translate --workdir runs/m30k --beam-size 4
+  echo "Ein Hund rennt." | seq2seq-jax translate --pretrained opus-mt-de-en
+  seq2seq-jax evaluate --pretrained opus-mt-de-en --manual-dir ../shared/data/multi30k/raw \
+      --split test_2016_flickr
+  seq2seq-jax train --init-from opus-mt-de-en --workdir runs/ft \
+      --set data.manual_dir=../shared/data/multi30k/raw --set train.num_steps=1000
+  seq2seq-jax save-pretrained --workdir runs/ft --out opus-mt-de-en-multi30k
 """
 
 from __future__ import annotations
@@ -98,6 +105,10 @@ def _add_train(subparsers) -> None:
                       help="start over although the workdir holds a run (its files are moved "
                            "aside, not deleted)")
   parser.add_argument("--quiet", action="store_true", help="no progress lines")
+  parser.add_argument("--init-from", default=None, metavar="DIR",
+                      help="fine-tune a pretrained checkpoint (a transformers save_pretrained "
+                           "directory of MarianMT or M2M100/NLLB): its model, parameters, "
+                           "tokenizer and search replace the preset's")
   parser.set_defaults(run=run_train)
 
 
@@ -111,6 +122,10 @@ def _train_config(args: argparse.Namespace):
       raise ValueError(f"{saved}: {error}; pass --preset to start from a preset instead") from None
   else:
     base = presets.get_preset(args.preset or "multi30k_transformer")
+    if getattr(args, "init_from", None):
+      from seq2seq_jax import pretrained
+      base = pretrained.experiment_config(pretrained.load(args.init_from), data=base.data,
+                                          train=base.train)
   return presets.apply_overrides(base, args.overrides)
 
 
@@ -136,26 +151,47 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _add_decode_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--workdir", required=True, help="a training run's folder")
+  model = parser.add_mutually_exclusive_group(required=True)
+  model.add_argument("--workdir", help="a training run's folder")
+  model.add_argument("--pretrained", metavar="DIR",
+                     help="a published checkpoint saved by transformers (MarianMT / OPUS-MT, "
+                          "M2M100, NLLB), see seq2seq_jax.pretrained")
   parser.add_argument("--checkpoint", default=None, metavar="best|latest|STEP",
-                      help="which checkpoint (default: best by validation BLEU, else latest)")
+                      help="which checkpoint of --workdir (default: best by validation BLEU, "
+                           "else latest)")
   parser.add_argument("--beam-size", type=int, default=None,
-                      help="beam width; 1 = greedy (default: the run's decode config)")
+                      help="beam width; 1 = greedy (default: the run's or checkpoint's)")
   parser.add_argument("--alpha", type=float, default=None,
                       help="beam search length penalty exponent (default: the run's)")
+  parser.add_argument("--max-decode-len", type=int, default=None, metavar="N",
+                      help="most tokens generated per sentence, EOS included (default: 1.5 x "
+                           "the source limit + 10)")
   parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded at once")
 
 
 def _translator(args: argparse.Namespace):
   from seq2seq_jax.translator import Translator
+  kwargs = {"batch_size": args.batch_size} if args.batch_size else {}
+  if args.pretrained:
+    if args.checkpoint is not None:
+      raise ValueError("--checkpoint picks a step of a --workdir run; a --pretrained "
+                       "checkpoint has one set of parameters")
+    return Translator.from_pretrained(args.pretrained, **kwargs)
   step = args.checkpoint
   if step is not None and step not in ("best", "latest"):
     try:
       step = int(step)
     except ValueError:
       raise ValueError(f"--checkpoint {step!r}: expected best, latest or a step number") from None
-  kwargs = {"batch_size": args.batch_size} if args.batch_size else {}
   return Translator.from_workdir(args.workdir, step=step, **kwargs)
+
+
+def _languages(args: argparse.Namespace, translator: Any, source: str | None,
+               target: str | None) -> dict[str, str | None]:
+  """Language codes for a multilingual checkpoint's tokenizer; none for the others."""
+  if getattr(translator.tokenizer, "languages", ()):
+    return {"source_lang": source, "target_lang": target}
+  return {}
 
 
 def _add_evaluate(subparsers) -> None:
@@ -170,6 +206,10 @@ def _add_evaluate(subparsers) -> None:
                       help="split of the run's corpus, e.g. val, test_2016_flickr, or several "
                            "separated by commas (one model load for all); default: the run's "
                            "data.eval_split")
+  data = parser.add_argument_group(
+      "corpus of a --pretrained checkpoint (a --workdir run uses its own); --source-lang and "
+      "--target-lang are also the language codes of multilingual checkpoints")
+  _add_data_flags(data)
   parser.add_argument("--sources", default=None, metavar="FILE",
                       help="score these source sentences instead of a split (with --references)")
   parser.add_argument("--references", default=None, metavar="FILE",
@@ -199,6 +239,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
     raise ValueError("--sources and --references go together: give both files, or neither to "
                      "evaluate a split of the run's corpus")
   translator = _translator(args)
+  if translator.config is None:  # a pretrained checkpoint: the corpus flags say what to read
+    from seq2seq_jax import configs
+    translator.config = configs.ExperimentConfig(
+        model=translator.model.config, data=_data_config(args),
+        decode=translator.decode_config)
   config = translator.config
   if args.sources:
     sources, references = _read_lines(args.sources), _read_lines(args.references)
@@ -228,7 +273,9 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
       decode.beam_size if decode.method == "beam" else 1)
   alpha = args.alpha if args.alpha is not None else decode.alpha
   start = time.perf_counter()
-  hypotheses = translator.translate(sources, beam_size=beam_size, alpha=alpha)
+  hypotheses = translator.translate(
+      sources, beam_size=beam_size, alpha=alpha, max_decode_len=args.max_decode_len,
+      **_languages(args, translator, config.data.source_lang, config.data.target_lang))
   seconds = time.perf_counter() - start
   scores = [evaluation.corpus_bleu(hypotheses, references),
             evaluation.corpus_chrf(hypotheses, references)]
@@ -239,21 +286,24 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
                                                   lang=config.data.target_lang))
   method = "greedy" if beam_size == 1 else f"beam{beam_size}-alpha{alpha:g}"
   pair = f"{config.data.source_lang}->{config.data.target_lang}"
-  print(f"{split} ({pair}, {len(sources)} sentences, checkpoint {translator.step}, {method}, "
+  checkpoint = translator.step if translator.step is not None else "pretrained"
+  print(f"{split} ({pair}, {len(sources)} sentences, checkpoint {checkpoint}, {method}, "
         f"{seconds:.1f} s):")
   for score in scores:
     print(f"  {score}")
   for i in range(min(args.show, len(sources))):
     print(f"\n  source:     {sources[i]}\n  hypothesis: {hypotheses[i]}\n"
           f"  reference:  {references[i]}")
-  out_dir = pathlib.Path(args.workdir) / "eval"
+  out_dir = pathlib.Path(args.workdir or ".") / "eval"
   out_dir.mkdir(parents=True, exist_ok=True)
-  name = f"eval-{split}-{translator.step}-{method}"
+  name = f"eval-{split}-{checkpoint}-{method}"
   (out_dir / f"{name}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
   record = {
       "split": split, "pair": pair, "sentences": len(sources), "checkpoint_step": translator.step,
+      "pretrained": args.pretrained,
       "decode": {"method": "greedy" if beam_size == 1 else "beam", "beam_size": beam_size,
-                 "alpha": alpha, "max_decode_len": translator.max_decode_len(decode)},
+                 "alpha": alpha, "max_decode_len": args.max_decode_len
+                 or translator.max_decode_len(decode)},
       "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}
                  for s in scores},
       "tokenized_references": str(tokenized) if tokenized else None,
@@ -268,15 +318,48 @@ def _add_translate(subparsers) -> None:
                   "translation per line; an empty line gives an empty line. A line longer than "
                   "the model allows is truncated, with a warning on stderr.")
   _add_decode_flags(parser)
+  parser.add_argument("--source-lang", default=None, metavar="CODE",
+                      help="source language code of a multilingual checkpoint (M2M100: de)")
+  parser.add_argument("--target-lang", default=None, metavar="CODE",
+                      help="target language code of a multilingual checkpoint, forced as the "
+                           "first output token (M2M100: en)")
   parser.set_defaults(run=run_translate)
 
 
 def run_translate(args: argparse.Namespace) -> int:
   translator = _translator(args)
   lines = [line.rstrip("\r\n") for line in sys.stdin]
-  beam_size = args.beam_size
-  for translation in translator.translate(lines, beam_size=beam_size, alpha=args.alpha):
+  for translation in translator.translate(lines, beam_size=args.beam_size, alpha=args.alpha,
+                                          max_decode_len=args.max_decode_len,
+                                          source_lang=args.source_lang,
+                                          target_lang=args.target_lang):
     print(translation)
+  return 0
+
+
+def _add_save_pretrained(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "save-pretrained", help="write a fine-tuned run in transformers' layout",
+      description="Writes the parameters of a run trained with --init-from, with the config, "
+                  "generation config and tokenizer of the checkpoint it started from, as a "
+                  "save_pretrained directory that transformers (and --pretrained) load.")
+  parser.add_argument("--workdir", required=True, help="a run trained with --init-from")
+  parser.add_argument("--checkpoint", default=None, metavar="best|latest|STEP")
+  parser.add_argument("--out", required=True, metavar="DIR", help="the directory to write")
+  parser.set_defaults(run=run_save_pretrained)
+
+
+def run_save_pretrained(args: argparse.Namespace) -> int:
+  from seq2seq_jax import pretrained
+  translator = _translator(argparse.Namespace(pretrained=None, workdir=args.workdir,
+                                              checkpoint=args.checkpoint, batch_size=None))
+  init_from = translator.config.train.init_from
+  if not init_from:
+    raise ValueError(f"{args.workdir}: this run did not start from a pretrained checkpoint "
+                     "(train.init_from is empty); only fine-tuned checkpoints have a "
+                     "transformers layout to write")
+  pretrained.save(pretrained.load(init_from), args.out, params=translator.params)
+  print(f"wrote step {translator.step} of {args.workdir} to {args.out} (layout of {init_from})")
   return 0
 
 
@@ -289,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_train(subparsers)
   _add_evaluate(subparsers)
   _add_translate(subparsers)
+  _add_save_pretrained(subparsers)
   return parser
 
 

@@ -327,6 +327,7 @@ class TrainConfig:
   keep_checkpoints: int = 2  # latest N kept beside the best by validation BLEU
   parameter_sharding: str = "replicated"  # "replicated" or "fsdp" (shard along the data axis)
   model_parallelism: int = 1  # size of the mesh's "model" axis (tensor parallelism)
+  init_from: str = ""  # a pretrained checkpoint directory a new run starts from (fine-tuning)
 
   def __post_init__(self):
     _check_positive(self, "num_steps", "grad_accum_steps", "log_every", "checkpoint_every",

@@ -10,23 +10,36 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import pathlib
 from typing import Any, Sequence
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from seq2seq_jax.configs import DecodeConfig
 from seq2seq_jax.decoding import generate
-from seq2seq_jax.types import EOS_ID, PAD_ID, PyTree
+from seq2seq_jax.models.base import special_ids
+from seq2seq_jax.types import Array, PyTree
 
 logger = logging.getLogger("seq2seq_jax")
 
 
 def _ceil_to(buckets: Sequence[int], n: int) -> int:
   return next(b for b in buckets if b >= n)
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _target_logprobs(model: nn.Module, params: PyTree, inputs_BS: Array,
+                     targets_BT: Array) -> Array:
+  """log p(target token | source, previous targets) ``[B, T]``, float32 (teacher forcing)."""
+  logits_BTV = model.apply({"params": params}, inputs_BS, targets_BT)
+  logprobs_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(logprobs_BTV, targets_BT[..., None], axis=-1)[..., 0]
 
 
 class Translator:
@@ -41,7 +54,8 @@ class Translator:
   Args:
     model: a model with the encode / init_cache / decode_step contract.
     params: its parameters.
-    tokenizer: the run's ``seq2seq_jax.data.tokenizer.Tokenizer``.
+    tokenizer: the run's ``seq2seq_jax.data.tokenizer.Tokenizer``, or a pretrained
+      checkpoint's (``seq2seq_jax.pretrained.tokenizers``).
     decode_config: default search settings (``translate`` may override them).
     max_source_len: longest source in tokens (EOS included); longer inputs are
       truncated with a warning on the ``seq2seq_jax`` logger.
@@ -67,6 +81,8 @@ class Translator:
     self.batch_size = batch_size
     self.config = None  # the ExperimentConfig, when loaded with from_workdir
     self.step = None  # the checkpoint step, when loaded with from_workdir
+    self.pretrained = None  # the pretrained.Pretrained, when loaded with from_pretrained
+    self.ids = special_ids(model)
     self.row_buckets = tuple(sorted({min(2 ** i, batch_size)
                                      for i in range(batch_size.bit_length() + 1)}))
 
@@ -85,7 +101,6 @@ class Translator:
       CheckpointError: ``workdir`` holds no checkpoint (the message says where it looked).
     """
     from seq2seq_jax import checkpoints
-    from seq2seq_jax.data.tokenizer import Tokenizer
     from seq2seq_jax.models.registry import build_model
 
     directory = pathlib.Path(workdir).expanduser() / "checkpoints"
@@ -97,8 +112,8 @@ class Translator:
       if step is None:
         step = "best" if checkpointer.best_step() is not None else "latest"
       step = checkpointer.resolve_step(step)
-      proto = checkpointer.load_tokenizer_bytes(step)
-    if proto is None:
+      tokenizer = checkpointer.load_tokenizer(step)
+    if tokenizer is None:
       raise checkpoints.CheckpointError(f"{directory}/{step} holds no tokenizer")
     params, config = checkpoints.load_params(directory, step=step)
     options = dict(decode_config=config.decode,
@@ -106,8 +121,32 @@ class Translator:
                    bucket_lengths=config.data.bucket_lengths,
                    batch_size=config.data.eval_batch_size)
     options.update(kwargs)
-    translator = cls(build_model(config.model), params, Tokenizer.from_bytes(proto), **options)
+    translator = cls(build_model(config.model), params, tokenizer, **options)
     translator.config, translator.step = config, step
+    return translator
+
+  @classmethod
+  def from_pretrained(cls, path: str | os.PathLike, *, dtype: str = "float32",
+                      **kwargs) -> "Translator":
+    """Loads a published checkpoint (OPUS-MT / Marian, M2M100, NLLB) saved by transformers.
+
+    Searches as its ``generation_config.json`` says (``pretrained.decode_config``),
+    except the length limit, which follows the ratio rule of ``max_decode_len``
+    unless ``translate`` is given one.
+
+    Args:
+      path: a ``save_pretrained`` directory (see ``seq2seq_jax.pretrained.load``).
+      dtype: compute dtype, "float32" or "bfloat16".
+      **kwargs: overrides of the constructor's keyword arguments.
+    """
+    from seq2seq_jax import pretrained  # pylint: disable=import-outside-toplevel
+    checkpoint = pretrained.load(path, dtype=dtype)
+    options = dict(decode_config=dataclasses.replace(checkpoint.decode_config, max_decode_len=0),
+                   max_source_len=min(checkpoint.config.max_len, 256),
+                   bucket_lengths=(16, 32, 64, 128), batch_size=32)
+    options.update(kwargs)
+    translator = cls(checkpoint.model, checkpoint.params, checkpoint.tokenizer, **options)
+    translator.pretrained = checkpoint
     return translator
 
   def max_decode_len(self, config: DecodeConfig) -> int:
@@ -116,22 +155,48 @@ class Translator:
     model_max = getattr(getattr(self.model, "config", None), "max_len", None)
     return min(limit, model_max) if model_max else limit
 
-  def encode(self, sentences: Sequence[str]) -> list[list[int]]:
-    """Token ids of each sentence with EOS appended, truncated to ``max_source_len``."""
-    encoded = []
-    for i, ids in enumerate(self.tokenizer.encode_batch(list(sentences))):
-      if len(ids) + 1 > self.max_source_len:
-        logger.warning("sentence %d has %d tokens; truncated to the model's limit of %d "
-                       "(EOS included)", i, len(ids) + 1, self.max_source_len)
-        ids = ids[:self.max_source_len - 1]
-      encoded.append(list(ids) + [EOS_ID])
-    return encoded
+  def _truncate(self, rows: list[list[int]], limit: int, what: str) -> list[list[int]]:
+    """Rows longer than ``limit`` keep their first ``limit - 1`` ids and their last (EOS)."""
+    out = []
+    for i, ids in enumerate(rows):
+      if len(ids) > limit:
+        logger.warning("%s %d has %d tokens; truncated to the model's limit of %d "
+                       "(EOS included)", what, i, len(ids), limit)
+        ids = ids[:limit - 1] + ids[-1:]
+      out.append(list(ids))
+    return out
+
+  def encode(self, sentences: Sequence[str], source_lang: str | None = None) -> list[list[int]]:
+    """Token ids of each sentence as the model reads them (language code and EOS
+    included, as the tokenizer adds them), truncated to ``max_source_len``."""
+    rows = self.tokenizer.encode_source(list(sentences), source_lang)
+    return self._truncate(rows, self.max_source_len, "sentence")
+
+  def _pad(self, rows: list[list[int]], length: int, count: int) -> np.ndarray:
+    """``count`` rows of ``length`` ids; rows past ``len(rows)`` are an empty sentence."""
+    batch = np.full((count, length), self.ids.pad_id, np.int32)
+    batch[:, 0] = self.ids.eos_id
+    for r, ids in enumerate(rows):
+      batch[r, :len(ids)] = ids
+    return batch
 
   def translate(self, sentences: Sequence[str], *, beam_size: int | None = None,
-                alpha: float | None = None, method: str | None = None) -> list[str]:
+                alpha: float | None = None, method: str | None = None,
+                max_decode_len: int | None = None, source_lang: str | None = None,
+                target_lang: str | None = None) -> list[str]:
     """Translations of ``sentences``, in their order; an empty line gives ''.
 
-    ``beam_size`` > 1 implies beam search unless ``method`` says otherwise.
+    Args:
+      sentences: source texts.
+      beam_size: > 1 implies beam search unless ``method`` says otherwise.
+      alpha: the GNMT length-penalty exponent of beam search.
+      method: "greedy", "beam" or "sample".
+      max_decode_len: the most tokens generated per sentence, EOS and a forced
+        language code included (as transformers' ``max_new_tokens``); default: the
+        ratio rule of ``max_decode_len()``.
+      source_lang, target_lang: language codes of multilingual checkpoints
+        (M2M100 "de", NLLB "deu_Latn"); the target's code is forced as the first
+        output token. Must be None for single-pair models.
     """
     config = self.decode_config
     changes: dict[str, Any] = {}
@@ -142,7 +207,15 @@ class Translator:
       changes["alpha"] = alpha
     if method is not None:
       changes["method"] = method
-    if not config.max_decode_len:
+    if max_decode_len is not None:
+      changes["max_decode_len"] = max_decode_len
+    prefix = self.tokenizer.target_prefix(target_lang)
+    if len(prefix) > 1:
+      raise ValueError(f"target prefix {prefix} has {len(prefix)} tokens; only one (a "
+                       "language code) can be forced")
+    if prefix:
+      changes["forced_bos_id"] = prefix[0]
+    if not changes.get("max_decode_len", config.max_decode_len):
       # One limit for every batch, whatever its bucket, so a sentence's translation
       # does not depend on the longest sentence it was batched with. Searches stop
       # as soon as every row has finished, so the limit costs nothing when unused.
@@ -150,18 +223,48 @@ class Translator:
     config = dataclasses.replace(config, **changes)
     outputs = [""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
-    encoded = self.encode([sentences[i] for i in todo])
+    encoded = self.encode([sentences[i] for i in todo], source_lang)
     order = sorted(range(len(todo)), key=lambda j: -len(encoded[j]))
     for start in range(0, len(order), self.batch_size):
       chunk = order[start:start + self.batch_size]
       length = _ceil_to(self.bucket_lengths, max(len(encoded[j]) for j in chunk))
       rows = _ceil_to(self.row_buckets, len(chunk))
-      inputs_BS = np.full((rows, length), PAD_ID, np.int32)
-      inputs_BS[:, 0] = EOS_ID  # filler rows: an empty sentence
-      for r, j in enumerate(chunk):
-        inputs_BS[r, :len(encoded[j])] = encoded[j]
+      inputs_BS = self._pad([encoded[j] for j in chunk], length, rows)
       tokens_BT, _ = generate(self.model, self.params, inputs_BS, config)
       texts = self.tokenizer.decode_batch(np.asarray(tokens_BT)[:len(chunk)])
       for j, text in zip(chunk, texts):
         outputs[todo[j]] = text
     return outputs
+
+  def score(self, sources: Sequence[str], targets: Sequence[str], *,
+            source_lang: str | None = None, target_lang: str | None = None) -> list[float]:
+    """Forced decoding: for each pair, the sum of log p over the target's tokens and EOS.
+
+    The model reads each source and is fed each target (teacher forcing); the score
+    is the natural-log probability the model gives the target's tokens, EOS
+    included, not divided by any length penalty. A forced prefix (a multilingual
+    checkpoint's target language code) is fed but not scored, as generation forces
+    it. Targets longer than the model's ``max_len`` are truncated with a warning.
+    """
+    if len(sources) != len(targets):
+      raise ValueError(f"score needs one target per source; got {len(sources)} sources and "
+                       f"{len(targets)} targets")
+    prefix = len(self.tokenizer.target_prefix(target_lang))
+    inputs = self.encode(list(sources), source_lang)
+    max_len = getattr(getattr(self.model, "config", None), "max_len", None) or 1 << 30
+    outputs = self._truncate(self.tokenizer.encode_target(list(targets), target_lang), max_len,
+                             "target")
+    scores = [0.0] * len(sources)
+    order = sorted(range(len(sources)), key=lambda j: -max(len(inputs[j]), len(outputs[j])))
+    target_buckets = tuple(sorted(set(self.bucket_lengths) | {max_len}))
+    for start in range(0, len(order), self.batch_size):
+      chunk = order[start:start + self.batch_size]
+      rows = _ceil_to(self.row_buckets, len(chunk))
+      inputs_BS = self._pad([inputs[j] for j in chunk],
+                            _ceil_to(self.bucket_lengths, max(len(inputs[j]) for j in chunk)), rows)
+      targets_BT = self._pad([outputs[j] for j in chunk],
+                             _ceil_to(target_buckets, max(len(outputs[j]) for j in chunk)), rows)
+      logprobs_BT = np.asarray(_target_logprobs(self.model, self.params, inputs_BS, targets_BT))
+      for r, j in enumerate(chunk):
+        scores[j] = float(np.sum(logprobs_BT[r, prefix:len(outputs[j])], dtype=np.float64))
+    return scores

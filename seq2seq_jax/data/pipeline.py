@@ -5,8 +5,8 @@ Every batch is a dict of numpy arrays (``L`` is one of ``DataConfig.bucket_lengt
 ========= ============== =======================================================
 key       shape, dtype   meaning
 ========= ============== =======================================================
-inputs    [B, L] int32   source pieces, EOS, then PAD (0)
-targets   [B, L] int32   target pieces, EOS, then PAD (0); BOS is never in data
+inputs    [B, L] int32   ``tokenizer.encode_source`` (pieces, EOS), then its PAD
+targets   [B, L] int32   ``tokenizer.encode_target``, then PAD; no decoder start
 index     [B] int32      the pair's line in its split (0-based); -1 = padding row
 weights   [B] float32    1.0 for a real pair, 0.0 for a padding row (all PAD)
 ========= ============== =======================================================
@@ -65,7 +65,6 @@ from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data.builders import TextPairs, load_split
 from seq2seq_jax.data.text_files import DataError
 from seq2seq_jax.data.tokenizer import Tokenizer
-from seq2seq_jax.types import EOS_ID, PAD_ID
 
 Batch = dict[str, np.ndarray]
 
@@ -109,9 +108,17 @@ def bucket_rows(data_config: DataConfig, length: int) -> int:
   return rows
 
 
-def token_lengths(pairs: TextPairs, tokenizer: Tokenizer, *,
-                  chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-  """Token counts (EOS included) of every pair.
+def languages(data_config: DataConfig, tokenizer: Tokenizer) -> tuple[str | None, str | None]:
+  """The language codes a multilingual tokenizer (M2M100, NLLB) is given; None for others."""
+  if getattr(tokenizer, "languages", ()):
+    return data_config.source_lang, data_config.target_lang
+  return None, None
+
+
+def token_lengths(pairs: TextPairs, tokenizer: Tokenizer, *, chunk: int = 4096,
+                  langs: tuple[str | None, str | None] = (None, None)
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Token counts (EOS included) of every pair; ``langs`` see ``languages``.
 
   Returns:
     ``(source_len_N, target_len_N)``, int32 ``[N]`` each, in file order.
@@ -121,8 +128,9 @@ def token_lengths(pairs: TextPairs, tokenizer: Tokenizer, *,
   for start in range(0, len(pairs), chunk):
     batch = pairs.__getitems__(list(range(start, min(start + chunk, len(pairs)))))
     stop = start + len(batch)
-    source_len_N[start:stop] = [len(ids) + 1 for ids in tokenizer.encode_batch([s for s, _ in batch])]
-    target_len_N[start:stop] = [len(ids) + 1 for ids in tokenizer.encode_batch([t for _, t in batch])]
+    sources, targets = [s for s, _ in batch], [t for _, t in batch]
+    source_len_N[start:stop] = [len(ids) for ids in tokenizer.encode_source(sources, langs[0])]
+    target_len_N[start:stop] = [len(ids) for ids in tokenizer.encode_target(targets, langs[1])]
   return source_len_N, target_len_N
 
 
@@ -218,6 +226,7 @@ class _MakeBatch:
     self._tokenizer = tokenizer
     self._max_source_len = data_config.max_source_len
     self._max_target_len = data_config.max_target_len
+    self._langs = languages(data_config, tokenizer)
     self._shard_index = shard_index
     self._shard_count = shard_count
 
@@ -227,13 +236,16 @@ class _MakeBatch:
     ids_B = np.asarray(ids_B[self._shard_index * rows:(self._shard_index + 1) * rows], np.int32)
     real = np.flatnonzero(ids_B >= 0)
     texts = self._pairs.__getitems__(ids_B[real].tolist())
-    inputs_BL = np.full((rows, length), PAD_ID, np.int32)
-    targets_BL = np.full((rows, length), PAD_ID, np.int32)
-    for out_BL, side, limit in ((inputs_BL, 0, self._max_source_len),
-                                (targets_BL, 1, self._max_target_len)):
-      encoded = self._tokenizer.encode_batch([pair[side] for pair in texts])
+    pad_id = self._tokenizer.pad_id
+    inputs_BL = np.full((rows, length), pad_id, np.int32)
+    targets_BL = np.full((rows, length), pad_id, np.int32)
+    for out_BL, encode, side, limit in (
+        (inputs_BL, self._tokenizer.encode_source, 0, self._max_source_len),
+        (targets_BL, self._tokenizer.encode_target, 1, self._max_target_len)):
+      encoded = encode([pair[side] for pair in texts], self._langs[side])
       for row, pieces in zip(real, encoded):
-        pieces = pieces[:limit - 1] + [EOS_ID]
+        if len(pieces) > limit:  # keep EOS (the last id) and a language code in front
+          pieces = pieces[:limit - 1] + pieces[-1:]
         if len(pieces) > length:  # the plan measured these lengths with the same tokenizer
           raise RuntimeError(f"pair {ids_B[row]} has {len(pieces)} tokens, more than its bucket "
                              f"{length}: the tokenizer changed after the lengths were measured")
@@ -264,7 +276,8 @@ def make_train_dataset(data_config: DataConfig, tokenizer: Tokenizer, *, seed: i
   _check_shard(data_config, shard_index, shard_count)
   seed = data_config.shuffle_seed if seed is None else seed
   pairs = load_split(data_config, split or data_config.train_split)
-  source_len_N, target_len_N = token_lengths(pairs, tokenizer)
+  source_len_N, target_len_N = token_lengths(pairs, tokenizer,
+                                             langs=languages(data_config, tokenizer))
   too_long_N = (source_len_N > data_config.max_source_len) | (target_len_N > data_config.max_target_len)
   if data_config.too_long == "filter":
     keep_N = ~too_long_N
@@ -339,7 +352,8 @@ def make_eval_batches(data_config: DataConfig, tokenizer: Tokenizer, *, split: s
   _check_shard(data_config, shard_index, shard_count)
   split = split or data_config.eval_split
   pairs = load_split(data_config, split)
-  source_len_N, target_len_N = token_lengths(pairs, tokenizer)
+  source_len_N, target_len_N = token_lengths(pairs, tokenizer,
+                                             langs=languages(data_config, tokenizer))
   too_long = int(((source_len_N > data_config.max_source_len)
                   | (target_len_N > data_config.max_target_len)).sum())
   if too_long:

@@ -38,9 +38,17 @@ _log = logging.getLogger(__name__)
 class Tokenizer:
   """Text <-> ids with a sentencepiece model; picklable (grain workers) and saveable.
 
+  Besides ``encode`` / ``decode`` it has the methods every tokenizer of the library
+  has (the pretrained ones too), which the pipeline, the trainer and the Translator
+  use: ``encode_source``, ``encode_target``, ``target_prefix``, ``decode_batch``,
+  the ids ``pad_id``, ``eos_id``, ``unk_id`` and ``languages``.
+
   Attributes:
     vocab_size: number of ids, the 4 reserved ones included.
   """
+
+  pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+  languages: tuple[str, ...] = ()  # one language pair: no language codes
 
   def __init__(self, model_proto: bytes):
     self._proto = bytes(model_proto)
@@ -95,6 +103,30 @@ class Tokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Piece ids of each text, without EOS."""
     return self._processor.encode(list(texts))
+
+  @property
+  def source_vocab_size(self) -> int:
+    return self.vocab_size
+
+  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """Model inputs: each text's pieces and EOS. ``lang`` must be None (one pair)."""
+    self._no_language(lang)
+    return [ids + [EOS_ID] for ids in self.encode_batch(texts)]
+
+  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """Decoder targets: each text's pieces and EOS. ``lang`` must be None (one pair)."""
+    self._no_language(lang)
+    return [ids + [EOS_ID] for ids in self.encode_batch(texts)]
+
+  def target_prefix(self, lang: str | None = None) -> list[int]:
+    """Ids forced at the start of every output: none for this tokenizer."""
+    self._no_language(lang)
+    return []
+
+  def _no_language(self, lang: str | None) -> None:
+    if lang is not None:
+      raise ValueError(f"language {lang!r} given, but this tokenizer serves one language pair "
+                       "(a run's joint vocabulary) and has no language codes")
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of ``ids``: stops at the first EOS, skips PAD and BOS.

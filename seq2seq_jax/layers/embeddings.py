@@ -38,9 +38,11 @@ def position_table(kind: str, max_len: int, dim: int, offset: int = 0) -> np.nda
   if kind == "sinusoidal_fairseq":
     if half < 2:
       raise ValueError(f"sinusoidal_fairseq positions need dim >= 4; got dim={dim}")
-    # float32 at every step, as the reference builds it (it is stored nowhere).
+    # float32 products as the reference builds them (the table is stored nowhere);
+    # exp and sin/cos are correctly rounded here, within an ulp of PyTorch's.
     step = np.float32(-np.log(10000.0) / (half - 1))
-    inv_freq_1I = np.exp(np.arange(half, dtype=np.float32) * step)[None, :]
+    exponents = (np.arange(half, dtype=np.float32) * step).astype(np.float64)
+    inv_freq_1I = np.exp(exponents).astype(np.float32)[None, :]
     angles_PI = np.arange(offset, offset + max_len, dtype=np.float32)[:, None] * inv_freq_1I
     angles_PI = angles_PI.astype(np.float64)
   else:

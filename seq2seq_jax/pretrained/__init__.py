@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seq2seq_jax.configs import DecodeConfig, TransformerConfig
+from seq2seq_jax.configs import (DataConfig, DecodeConfig, ExperimentConfig, TrainConfig,
+                                 TransformerConfig)
 from seq2seq_jax.models.transformer import Transformer
 from seq2seq_jax.pretrained import _convert, _io, m2m100, marian
 from seq2seq_jax.types import PyTree
@@ -237,3 +238,22 @@ def save(checkpoint: Pretrained, path: str | os.PathLike, *, params: PyTree | No
         json.dumps(checkpoint.generation_config, indent=2) + "\n")
   if checkpoint.tokenizer is not None:
     checkpoint.tokenizer.save(directory)
+
+
+def experiment_config(checkpoint: Pretrained, *, data: DataConfig = DataConfig(),
+                      train: TrainConfig = TrainConfig()) -> ExperimentConfig:
+  """A training run that fine-tunes ``checkpoint`` on ``data`` (see ``training.train``).
+
+  The model is the checkpoint's, ``train.init_from`` its directory, the search its
+  generation config (with the target language code of ``data.target_lang`` forced
+  for multilingual checkpoints; limited by the ratio rule).
+  """
+  if checkpoint.path is None:
+    raise ValueError("experiment_config needs a checkpoint loaded from a directory")
+  decode = dataclasses.replace(checkpoint.decode_config, max_decode_len=0)
+  tokenizer = checkpoint.tokenizer
+  if tokenizer is not None and tokenizer.languages:
+    prefix = tokenizer.target_prefix(data.target_lang)
+    decode = dataclasses.replace(decode, forced_bos_id=prefix[0] if prefix else None)
+  return ExperimentConfig(model=checkpoint.config, data=data, decode=decode,
+                          train=dataclasses.replace(train, init_from=str(checkpoint.path)))

@@ -292,9 +292,14 @@ def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
   from seq2seq_jax.data import tokenizer as tokenizer_lib
   path = workdir / "tokenizer.model"
   if resume_step is not None:
-    proto = checkpointer.load_tokenizer_bytes(resume_step)
-    if proto is not None:
-      tokenizer = tokenizer_lib.Tokenizer.from_bytes(proto)
+    tokenizer = checkpointer.load_tokenizer(resume_step) or tokenizer
+  vocab_size = getattr(config.model, "output_vocab_size", config.model.vocab_size)
+  if not isinstance(tokenizer, (tokenizer_lib.Tokenizer, type(None))):
+    # A pretrained checkpoint's tokenizer: it lives in the checkpoints, not in a file.
+    if tokenizer.vocab_size > vocab_size:
+      raise ValueError(f"the tokenizer has {tokenizer.vocab_size} target ids but the model's "
+                       f"vocabulary has {vocab_size}")
+    return tokenizer
   if tokenizer is None:
     # Process 0 trains (or loads) and saves it; the others then load that file.
     if _is_writer():
@@ -304,10 +309,26 @@ def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
       tokenizer = tokenizer_lib.load_or_train_tokenizer(config.data, path)
   if not path.exists() and _is_writer():
     tokenizer.save(path)
-  if tokenizer.vocab_size > config.model.vocab_size:
+  if tokenizer.vocab_size > vocab_size:
     raise ValueError(f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
-                     f"{config.model.vocab_size}: set model.vocab_size to {tokenizer.vocab_size}")
+                     f"{vocab_size}: set model.vocab_size to {tokenizer.vocab_size}")
   return tokenizer
+
+
+def _pretrained_start(config: ExperimentConfig):
+  """The checkpoint ``config.train.init_from`` names, checked against ``config.model``."""
+  from seq2seq_jax import pretrained  # pylint: disable=import-outside-toplevel
+  checkpoint = pretrained.load(config.train.init_from)
+  free = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate", "dtype",
+          "attention_impl")
+  theirs = dataclasses.replace(checkpoint.config, **{f: getattr(config.model, f, None)
+                                                    for f in free})
+  if theirs != config.model:
+    differences = config_diff(dataclasses.replace(config, model=theirs), config)
+    raise ValueError(f"TrainConfig.init_from={config.train.init_from!r}: config.model differs "
+                     f"from the checkpoint's ({'; '.join(differences)}); build it with "
+                     "seq2seq_jax.pretrained.experiment_config (the CLI's --init-from does)")
+  return checkpoint
 
 
 def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool = False,
@@ -323,7 +344,9 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
     restart: start over even though ``workdir`` holds a run (its files are moved
       to ``workdir/replaced-TIMESTAMP``, nothing is deleted).
     tokenizer: a ``Tokenizer`` to use for a new run; default: ``workdir/tokenizer.model``,
-      trained on the training split when absent. A resumed run uses its checkpoint's.
+      trained on the training split when absent, or the tokenizer of the pretrained
+      checkpoint ``config.train.init_from`` names (whose parameters a new run then
+      starts from). A resumed run uses its checkpoint's.
     progress: print a progress line at every logged step.
     step_hook: ``hook(step, state) -> state | None`` before update ``step`` (1-based);
       for experiments and fault-injection tests.
@@ -371,6 +394,10 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
             + "\n  ".join(differences)
             + "\nRerun with the saved config (workdir/config.json) to resume, pass restart=True "
             "(--restart) to start over in this workdir, or use another workdir")
+    start = None
+    if train_config.init_from and resume_step is None:
+      start = _pretrained_start(config)
+      tokenizer = tokenizer or start.tokenizer
     tokenizer = _load_tokenizer(config, workdir, checkpointer, resume_step, tokenizer)
 
     sharding_lib.check_model_parallelism(config.model, train_config.model_parallelism)
@@ -396,7 +423,10 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
       log(f"Resumed from checkpoint step {resume_step} in {checkpointer.directory}")
     else:
       state = step_lib.create_train_state(model, optimizer, rng=jax.random.fold_in(root_rng, 0),
-                                          mesh=mesh, state_sharding_fn=state_sharding_fn)
+                                          mesh=mesh, state_sharding_fn=state_sharding_fn,
+                                          params=None if start is None else start.params)
+      if start is not None:
+        log(f"Starting from the parameters of {train_config.init_from}")
     if _is_writer():
       _record_session(workdir, config, resume_step, mesh)
     dropout_rng = jax.random.fold_in(root_rng, 1)

@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from seq2seq_jax.models import registry
 from seq2seq_jax.training import sharding as sharding_lib
+from seq2seq_jax.models.base import special_ids
 from seq2seq_jax.training.losses import cross_entropy_sums
 from seq2seq_jax.types import Array, PRNGKey, PyTree
 
@@ -122,8 +123,8 @@ def init_params(model: nn.Module, rng: PRNGKey) -> PyTree:
 
 def create_train_state(model: nn.Module, optimizer: optax.GradientTransformation, *,
                        rng: PRNGKey, mesh: Mesh,
-                       state_sharding_fn: StateShardingFn = replicated_state_sharding
-                       ) -> TrainState:
+                       state_sharding_fn: StateShardingFn = replicated_state_sharding,
+                       params: PyTree | None = None) -> TrainState:
   """Initialises parameters and optimizer state directly in their shardings on ``mesh``.
 
   Args:
@@ -132,17 +133,27 @@ def create_train_state(model: nn.Module, optimizer: optax.GradientTransformation
     rng: parameter-initialisation key.
     mesh: from ``make_mesh``.
     state_sharding_fn: maps the abstract state to its shardings (default: replicated).
+    params: start from these parameters (a converted checkpoint's, to fine-tune)
+      instead of random ones; they must have the model's names and shapes.
 
   Returns:
     A ``TrainState`` at step 0.
   """
-  def init(rng):
-    params = init_params(model, rng)
+  if params is not None:
+    expected = jax.eval_shape(lambda: init_params(model, rng))
+    if jax.tree.structure(expected) != jax.tree.structure(params) or any(
+        jnp.shape(a) != b.shape for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected))):
+      raise ValueError("create_train_state(params=...): the parameters do not have the model's "
+                       "names and shapes")
+
+  def init(rng, given):
+    params = init_params(model, rng) if given is None else jax.tree.map(
+        lambda x: jnp.asarray(x, jnp.float32), given)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=optimizer.init(params))
 
-  shardings = state_sharding_fn(jax.eval_shape(init, rng), mesh)
-  return jax.jit(init, out_shardings=shardings)(rng)
+  shardings = state_sharding_fn(jax.eval_shape(init, rng, params), mesh)
+  return jax.jit(init, out_shardings=shardings)(rng, params)
 
 
 def abstract_train_state(model: nn.Module, optimizer: optax.GradientTransformation, *,
@@ -191,7 +202,8 @@ def train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Modul
 
   Args:
     state: the current ``TrainState``.
-    batch: ``{"inputs": int [B, S], "targets": int [B, T]}`` (PAD = 0; other keys ignored).
+    batch: ``{"inputs": int [B, S], "targets": int [B, T]}`` (padded with the model's
+      ``pad_id``, 0 for the library's models; other keys ignored).
     rng: the run's base dropout key (the same every step).
     model, optimizer, schedule: static; the schedule only reports the learning rate.
     label_smoothing: see ``cross_entropy_sums``.
@@ -205,11 +217,13 @@ def train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Modul
   """
   step_rng = jax.random.fold_in(rng, state.step)
   batch = {"inputs": batch["inputs"], "targets": batch["targets"]}
+  pad_id = special_ids(model).pad_id
 
   def loss_fn(params, micro, micro_rng):
     logits_BTV = model.apply({"params": params}, micro["inputs"], micro["targets"],
                              deterministic=False, rngs={"dropout": micro_rng})
-    sums = cross_entropy_sums(logits_BTV, micro["targets"], label_smoothing=label_smoothing)
+    sums = cross_entropy_sums(logits_BTV, micro["targets"], label_smoothing=label_smoothing,
+                              pad_id=pad_id)
     return sums.loss, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -247,7 +261,8 @@ def eval_step(params: PyTree, batch: Batch, *, model: nn.Module,
   """
   logits_BTV = model.apply({"params": params}, batch["inputs"], batch["targets"],
                            deterministic=True)
-  sums = cross_entropy_sums(logits_BTV, batch["targets"], label_smoothing=label_smoothing)
+  sums = cross_entropy_sums(logits_BTV, batch["targets"], label_smoothing=label_smoothing,
+                            pad_id=special_ids(model).pad_id)
   return sums._asdict()
 
 
