@@ -91,7 +91,8 @@ def _resolve(path: str | os.PathLike) -> pathlib.Path:
                        "install huggingface_hub, or pass a local directory") from None
     try:
       return pathlib.Path(huggingface_hub.snapshot_download(
-          name, allow_patterns=["*.json", "*.safetensors", "*.spm", "*.model", "*.txt"]))
+          name, allow_patterns=["*.json", "*.safetensors", "pytorch_model.bin", "*.spm",
+                                "*.model", "*.txt"]))
     except Exception as error:  # network, authentication, unknown id: all say why
       raise ValueError(f"{name}: no such directory, and the hub download failed: "
                        f"{type(error).__name__}: {error}") from None
