@@ -22,8 +22,8 @@ from tests.conftest import shared_data
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TARGET_LANG = {"marian": None, "m2m100": "en"}
-SOURCE_LANG = {"marian": None, "m2m100": "de"}
+TARGET_LANG = {"marian": None, "m2m100": "en", "nllb": "eng_Latn"}
+SOURCE_LANG = {"marian": None, "m2m100": "de", "nllb": "deu_Latn"}
 
 
 def _test_sentences(count=None):
@@ -33,15 +33,18 @@ def _test_sentences(count=None):
   return sources[:count], references[:count]
 
 
-@pytest.fixture(scope="module", params=["marian", "m2m100"])
+@pytest.fixture(scope="module", params=["marian", "m2m100", "nllb"])
 def family(request):
+  """(name, directory, transformers model, transformers tokenizer) of one checkpoint family;
+  NLLB-200 is the M2M100 architecture with its own tokenizer and language codes."""
   directory = request.getfixturevalue(f"{request.param}_dir")
   hf_class = (transformers.MarianMTModel if request.param == "marian"
               else transformers.M2M100ForConditionalGeneration)
   hf_model = hf_class.from_pretrained(directory).eval()
   hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-  if request.param == "m2m100":
-    hf_tokenizer.src_lang, hf_tokenizer.tgt_lang = "de", "en"
+  if request.param != "marian":
+    hf_tokenizer.src_lang, hf_tokenizer.tgt_lang = SOURCE_LANG[request.param], TARGET_LANG[
+        request.param]
   return request.param, directory, hf_model, hf_tokenizer
 
 
@@ -90,8 +93,12 @@ def test_greedy_translations_equal_transformers_generate(family):
   ours = translator.translate(sources, method="greedy", max_decode_len=max_length - 1,
                               source_lang=SOURCE_LANG[name], target_lang=TARGET_LANG[name])
   kwargs = {}
-  if name == "m2m100":
-    kwargs["forced_bos_token_id"] = hf_tokenizer.get_lang_id("en")
+  prefix = translator.tokenizer.target_prefix(TARGET_LANG[name])
+  if prefix:
+    kwargs["forced_bos_token_id"] = hf_tokenizer.convert_tokens_to_ids(TARGET_LANG[name]
+                                                                       if name == "nllb" else
+                                                                       f"__{TARGET_LANG[name]}__")
+    assert kwargs["forced_bos_token_id"] == prefix[0]
   expected = []
   for start in range(0, len(sources), 100):
     batch = hf_tokenizer(sources[start:start + 100], padding=True, return_tensors="pt")
@@ -126,7 +133,7 @@ def test_score_equals_transformers_logprobs(family):
                           target_lang=TARGET_LANG[name])
   batch = _hf_batch(hf_tokenizer, sources, references)
   expected = _hf_sequence_logprobs(hf_model, batch["input_ids"], batch["attention_mask"],
-                                   batch["labels"], skip=1 if name == "m2m100" else 0)
+                                   batch["labels"], skip=0 if name == "marian" else 1)
   np.testing.assert_allclose(ours, expected, atol=1e-3, rtol=0)
   assert np.all(np.asarray(ours) < 0)
 

@@ -1,0 +1,542 @@
+"""Small Hugging Face translation checkpoints built locally, for tests, benchmarks and notebooks.
+
+Each builder trains sentencepiece vocabularies on Multi30k, builds the
+transformers tokenizer from those files, trains a small random-initialised model
+with torch for a few hundred steps and ``save_pretrained``s model, tokenizer and
+generation config: a directory laid out like a published OPUS-MT, M2M100 or
+NLLB-200 checkpoint. torch and transformers are imported inside the builders,
+so this module imports without them.
+
+Example:
+  >>> build_marian("/tmp/marian-de-en", data_dir="../shared/data/multi30k/raw")
+  >>> build_m2m100("/tmp/m2m100-tiny", data_dir="../shared/data/multi30k/raw")
+  >>> build_random_marian("/tmp/opus-mt-sized")  # 58,101 ids, 6 + 6 layers, random weights
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import pathlib
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+# Sentences read per language from Multi30k's 29,000 training pairs (sentencepiece and training).
+DEFAULT_MAX_PAIRS = 10_000
+# Tokens per side kept for training; Multi30k sentences are far shorter.
+_MAX_TRAIN_TOKENS = 64
+# NLLB-200 codes of the languages the M2M100 builders take as ISO 639-1.
+_NLLB_CODES = {"de": "deu_Latn", "en": "eng_Latn", "fr": "fra_Latn", "cs": "ces_Latn"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuildInfo:
+  """What a builder made; also written to ``build_info.json`` beside the checkpoint."""
+  path: str  # the checkpoint directory
+  kind: str  # "marian", "m2m_100" or "nllb"
+  seconds: float  # wall time of the build, saving included (imports excluded when warm)
+  steps: int  # optimizer steps taken
+  final_loss: float  # mean training loss over the last 20 steps (nan for random weights)
+  seed: int  # the seed everything was drawn from
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and vocabularies
+
+
+def _read_lines(data_dir: str | os.PathLike, split: str, lang: str, limit: int) -> list[str]:
+  path = pathlib.Path(data_dir).expanduser() / f"{split}.{lang}"
+  if not path.is_file():
+    raise ValueError(f"{path} is missing: data_dir must hold Multi30k's raw text files "
+                     "({train,val,test_2016_flickr}.{de,en,fr,cs}), e.g. "
+                     "../shared/data/multi30k/raw")
+  with path.open(encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for line in f]
+  return lines[:limit]
+
+
+def _train_spm(lines: Sequence[str], *, vocab_size: int, model_type: str,
+               exact_size: bool = True) -> bytes:
+  """A sentencepiece model (default ids: <unk> 0, <s> 1, </s> 2), trained in memory.
+
+  ``exact_size=False`` lets a corpus too small for ``vocab_size`` pieces give fewer.
+  """
+  model = io.BytesIO()
+  # One thread over the whole input, unshuffled: the same lines give the same model.
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+      model_type=model_type, character_coverage=1.0, num_threads=1, input_sentence_size=0,
+      shuffle_input_sentence=False, hard_vocab_limit=exact_size, minloglevel=2)
+  return model.getvalue()
+
+
+def _pieces(model: bytes) -> list[str]:
+  """The model's ordinary pieces, in id order (its <unk>, <s>, </s> left out)."""
+  processor = spm.SentencePieceProcessor(model_proto=model)
+  return [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+          if not (processor.is_unknown(i) or processor.is_control(i))]
+
+
+def _marian_vocab(piece_lists: Sequence[Sequence[str]], extra: Sequence[str] = (),
+                  fillers: int = 0) -> dict[str, int]:
+  """OPUS-MT's layout: </s> 0, <unk> 1, the pieces, ``extra`` tokens, <pad> last."""
+  vocab = {"</s>": 0, "<unk>": 1}
+  for pieces in piece_lists:
+    for piece in pieces:
+      vocab.setdefault(piece, len(vocab))
+  for token in extra:
+    vocab.setdefault(token, len(vocab))
+  for i in range(fillers):  # never produced by sentencepiece: ids that only a model can emit
+    vocab.setdefault(f"\u2581filler{i}", len(vocab))
+  vocab["<pad>"] = len(vocab)
+  return vocab
+
+
+def _write_json(path: pathlib.Path, data: Any) -> None:
+  path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def _batch_plan(lengths: Sequence[int], *, steps: int, batch_size: int,
+                seed: int) -> list[list[int]]:
+  """The pair indices of every training batch, drawn up front (only those get tokenized).
+
+  Pairs are drawn at random, then grouped by ``lengths`` (characters) within windows
+  of 16 batches so that a batch holds pairs of similar length and pads little.
+  """
+  rng = np.random.default_rng(seed)
+  size = min(batch_size, len(lengths))
+  window = 16
+  plan = []
+  for start in range(0, steps, window):
+    count = min(window, steps - start)
+    drawn = np.concatenate([rng.choice(len(lengths), size=size, replace=False)
+                            for _ in range(count)])
+    drawn = drawn[np.argsort(np.asarray(lengths)[drawn], kind="stable")]
+    batches = [drawn[i * size:(i + 1) * size].tolist() for i in range(count)]
+    plan += [batches[i] for i in rng.permutation(count)]
+  return plan
+
+
+def _tokenize_used(plan: list[list[int]], encode: Callable[[list[int]], tuple[list, list]],
+                   eos_id: int) -> dict[int, tuple[list[int], list[int]]]:
+  """Source and target ids of each pair the plan uses, cut to ``_MAX_TRAIN_TOKENS``."""
+  used = sorted({i for batch in plan for i in batch})
+  if not used:
+    return {}
+  source_ids, target_ids = encode(used)
+  return {i: (_truncate(source, eos_id), _truncate(target, eos_id))
+          for i, source, target in zip(used, source_ids, target_ids)}
+
+
+def _truncate(ids: list[int], eos_id: int) -> list[int]:
+  return ids if len(ids) <= _MAX_TRAIN_TOKENS else ids[:_MAX_TRAIN_TOKENS - 1] + [eos_id]
+
+
+def _padded(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
+  """``input_ids``, ``attention_mask`` and ``labels`` (-100 where padded) of a batch."""
+  import torch  # noqa: PLC0415
+
+  source_len = max(len(source) for source, _ in pairs)
+  target_len = max(len(target) for _, target in pairs)
+  inputs = torch.full((len(pairs), source_len), pad_id, dtype=torch.long)
+  labels = torch.full((len(pairs), target_len), -100, dtype=torch.long)
+  for row, (source, target) in enumerate(pairs):
+    inputs[row, :len(source)] = torch.tensor(source)
+    labels[row, :len(target)] = torch.tensor(target)
+  return {"input_ids": inputs, "attention_mask": (inputs != pad_id).long(), "labels": labels}
+
+
+def _train(model, plan: list[list[int]], ids: dict[int, tuple[list[int], list[int]]], *,
+           pad_id: int, learning_rate: float) -> float:
+  """AdamW, linear warm-up over the first tenth then linear decay to zero; returns the mean
+  loss of the last 20 steps."""
+  import torch  # noqa: PLC0415
+
+  optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+  steps = len(plan)
+  warmup = max(1, steps // 10)
+  schedule = torch.optim.lr_scheduler.LambdaLR(
+      optimizer, lambda step: min((step + 1) / warmup, (steps - step) / max(1, steps - warmup)))
+  # One thread: these models are too small to gain from more, and test workers build side by side.
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  model.train()
+  losses = []
+  try:
+    for batch in plan:
+      loss = model(**_padded([ids[i] for i in batch], pad_id)).loss
+      optimizer.zero_grad(set_to_none=True)
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      optimizer.step()
+      schedule.step()
+      losses.append(loss.item())
+  finally:
+    torch.set_num_threads(threads)
+    model.eval()
+  tail = losses[-20:]
+  return float(sum(tail) / len(tail)) if tail else float("nan")
+
+
+def _save(model, tokenizer, generation_config, out: pathlib.Path, *, kind: str, started: float,
+          steps: int, loss: float, seed: int) -> BuildInfo:
+  """Writes the checkpoint, then ``build_info.json`` (last: its presence marks a whole build)."""
+  model.generation_config = generation_config
+  model.save_pretrained(out)
+  tokenizer.save_pretrained(out)
+  info = BuildInfo(path=str(out), kind=kind, seconds=time.perf_counter() - started, steps=steps,
+                   final_loss=loss, seed=seed)
+  _write_json(out / "build_info.json", dataclasses.asdict(info))
+  return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Marian
+
+
+def _marian_tokenizer(workdir: pathlib.Path, source_model: bytes, target_model: bytes, *,
+                      separate_vocabs: bool, language_codes: Sequence[str], fillers: int,
+                      source_lang: str, target_lang: str):
+  """transformers' MarianTokenizer over freshly written source.spm, target.spm and vocabularies."""
+  from transformers import MarianTokenizer  # noqa: PLC0415
+
+  (workdir / "source.spm").write_bytes(source_model)
+  (workdir / "target.spm").write_bytes(target_model)
+  codes = [f">>{code}<<" for code in language_codes]
+  kwargs = {}
+  if separate_vocabs:
+    if codes:
+      raise ValueError("language_codes needs the shared vocabulary: OPUS-MT keeps >>xx<< codes "
+                       "in vocab.json; set separate_vocabs=False")
+    _write_json(workdir / "vocab.json", _marian_vocab([_pieces(source_model)], fillers=fillers))
+    _write_json(workdir / "target_vocab.json",
+                _marian_vocab([_pieces(target_model)], fillers=fillers))
+    kwargs = {"target_vocab_file": str(workdir / "target_vocab.json"), "separate_vocabs": True}
+  else:
+    _write_json(workdir / "vocab.json",
+                _marian_vocab([_pieces(source_model), _pieces(target_model)], codes, fillers))
+  return MarianTokenizer(source_spm=str(workdir / "source.spm"),
+                         target_spm=str(workdir / "target.spm"), vocab=str(workdir / "vocab.json"),
+                         source_lang=source_lang, target_lang=target_lang, **kwargs)
+
+
+def _marian_model(tokenizer, *, separate_vocabs: bool, model_dim: int, layers: int, heads: int,
+                  ffn: int, max_positions: int):
+  from transformers import MarianConfig, MarianMTModel  # noqa: PLC0415
+
+  pad_id = tokenizer.pad_token_id
+  source_size = len(tokenizer.encoder)
+  target_size = len(tokenizer.target_encoder) if separate_vocabs else source_size
+  if pad_id != source_size - 1 or pad_id != target_size - 1:
+    raise AssertionError(f"<pad> must be the last id of both vocabularies, got {pad_id} of "
+                         f"{source_size} and {target_size}")
+  # As OPUS-MT's converted configs: swish, scaled embeddings, sinusoidal positions,
+  # <pad> (the last id) starts decoding, </s> is id 0.
+  config = MarianConfig(
+      vocab_size=source_size, decoder_vocab_size=target_size,
+      share_encoder_decoder_embeddings=not separate_vocabs, d_model=model_dim,
+      encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
+      decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+      max_position_embeddings=max_positions, activation_function="swish", scale_embedding=True,
+      dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=pad_id,
+      decoder_start_token_id=pad_id, eos_token_id=0, bos_token_id=0, forced_eos_token_id=0)
+  return MarianMTModel(config)
+
+
+def _marian_generation_config(pad_id: int, max_length: int):
+  from transformers import GenerationConfig  # noqa: PLC0415
+
+  return GenerationConfig(bad_words_ids=[[pad_id]], bos_token_id=0, decoder_start_token_id=pad_id,
+                          eos_token_id=0, forced_eos_token_id=0, max_length=max_length,
+                          num_beams=4, pad_token_id=pad_id, renormalize_logits=True)
+
+
+def build_marian(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, steps: int = 400,
+                 model_dim: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128,
+                 vocab_size: int = 1000, separate_vocabs: bool = False,
+                 language_codes: Sequence[str] = (), source_lang: str = "de",
+                 target_lang: str = "en", batch_size: int = 32, learning_rate: float = 5e-3,
+                 max_length: int = 128, seed: int = 0,
+                 max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
+  """An OPUS-MT-style MarianMTModel checkpoint trained briefly on Multi30k.
+
+  Args:
+    out_dir: where ``save_pretrained`` writes (created).
+    data_dir: Multi30k raw text (``train.de``, ``train.en`` ...).
+    steps: AdamW steps on random batches of ``batch_size`` pairs (0: random weights).
+    model_dim, layers, heads, ffn: width, encoder and decoder depth, heads, FFN width.
+    vocab_size: pieces of each sentencepiece model (source and target). The shared
+      vocabulary is their union (about 1.8x), each separate one exactly this size.
+    separate_vocabs: write ``vocab.json`` and ``target_vocab.json`` and untie the
+      encoder and decoder embeddings, as transformers' ``separate_vocabs`` models do.
+    language_codes: ``>>xx<<`` tokens added to the shared vocabulary (untrained).
+    source_lang, target_lang: the Multi30k languages to translate between.
+    max_length: the generation config's ``max_length``.
+    seed: seeds the initialisation and the batches (sentencepiece is deterministic).
+    max_pairs: training pairs read from the start of the split.
+
+  Returns:
+    ``BuildInfo`` (also in ``out_dir/build_info.json``).
+  """
+  import torch  # noqa: PLC0415
+
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  sources = _read_lines(data_dir, "train", source_lang, max_pairs)
+  targets = _read_lines(data_dir, "train", target_lang, max_pairs)
+  source_model = _train_spm(sources, vocab_size=vocab_size, model_type="unigram")
+  target_model = _train_spm(targets, vocab_size=vocab_size, model_type="unigram")
+  with tempfile.TemporaryDirectory() as workdir:
+    tokenizer = _marian_tokenizer(pathlib.Path(workdir), source_model, target_model,
+                                  separate_vocabs=separate_vocabs, language_codes=language_codes,
+                                  fillers=0, source_lang=source_lang, target_lang=target_lang)
+  plan = _batch_plan([len(source) + len(target) for source, target in zip(sources, targets)],
+                     steps=steps, batch_size=batch_size, seed=seed)
+
+  def encode(used: list[int]) -> tuple[list, list]:
+    return (tokenizer([sources[i] for i in used])["input_ids"],
+            tokenizer(text_target=[targets[i] for i in used])["input_ids"])
+
+  ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
+  torch.manual_seed(seed)
+  model = _marian_model(tokenizer, separate_vocabs=separate_vocabs, model_dim=model_dim,
+                        layers=layers, heads=heads, ffn=ffn, max_positions=512)
+  loss = _train(model, plan, ids, pad_id=tokenizer.pad_token_id, learning_rate=learning_rate)
+  return _save(model, tokenizer, _marian_generation_config(tokenizer.pad_token_id, max_length),
+               out, kind="marian", started=started, steps=steps, loss=loss, seed=seed)
+
+
+def build_random_marian(out_dir: str | os.PathLike, *, vocab_size: int = 58101,
+                        model_dim: int = 512, layers: int = 6, heads: int = 8, ffn: int = 2048,
+                        data_dir: str | os.PathLike | None = None, spm_vocab_size: int = 8000,
+                        max_length: int = 512, seed: int = 0) -> BuildInfo:
+  """An OPUS-MT-sized MarianMTModel with random weights, for speed benchmarks.
+
+  The tokenizer is real (sentencepiece models trained on Multi30k when
+  ``data_dir`` is given, else on generated sentences) and ``vocab.json``
+  has exactly ``vocab_size`` entries: the pieces, then filler tokens up to that
+  size, ``<pad>`` last. Outputs are not meaningful.
+
+  Args:
+    out_dir: where ``save_pretrained`` writes (created).
+    vocab_size: entries of vocab.json and rows of the (shared) embedding.
+    model_dim, layers, heads, ffn: the architecture (defaults: opus-mt-de-en's).
+    data_dir: Multi30k raw text (all 29,000 training sentences), or None for a
+      synthetic corpus of random syllables.
+    spm_vocab_size: at most this many pieces per sentencepiece model.
+    max_length: the generation config's ``max_length`` (OPUS-MT: 512).
+    seed: seeds the initialisation (and the synthetic corpus).
+  """
+  import torch  # noqa: PLC0415
+
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  if data_dir is not None:
+    sources = _read_lines(data_dir, "train", "de", 29_000)
+    targets = _read_lines(data_dir, "train", "en", 29_000)
+  else:
+    sources = targets = _synthetic_sentences(seed)
+  # At most spm_vocab_size pieces: Multi30k's English fills only about 7,000.
+  source_model = _train_spm(sources, vocab_size=spm_vocab_size, model_type="unigram",
+                            exact_size=False)
+  target_model = _train_spm(targets, vocab_size=spm_vocab_size, model_type="unigram",
+                            exact_size=False)
+  shared = len(_marian_vocab([_pieces(source_model), _pieces(target_model)]))
+  if vocab_size < shared:
+    raise ValueError(f"vocab_size={vocab_size} is below the {shared} pieces of the two "
+                     f"sentencepiece models; raise it or lower spm_vocab_size={spm_vocab_size}")
+  with tempfile.TemporaryDirectory() as workdir:
+    tokenizer = _marian_tokenizer(pathlib.Path(workdir), source_model, target_model,
+                                  separate_vocabs=False, language_codes=(),
+                                  fillers=vocab_size - shared, source_lang="de", target_lang="en")
+  torch.manual_seed(seed)
+  model = _marian_model(tokenizer, separate_vocabs=False, model_dim=model_dim, layers=layers,
+                        heads=heads, ffn=ffn, max_positions=512).eval()
+  return _save(model, tokenizer, _marian_generation_config(tokenizer.pad_token_id, max_length),
+               out, kind="marian", started=started, steps=0, loss=float("nan"), seed=seed)
+
+
+def _synthetic_sentences(seed: int, count: int = 20_000) -> list[str]:
+  """Sentences of random syllables, enough for sentencepiece to fill a few thousand pieces."""
+  rng = np.random.default_rng(seed)
+  syllables = [c + v for c in "bcdfghklmnprstvwz" for v in "aeiou"]
+  words = ["".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(3000)]
+  return [" ".join(rng.choice(words, size=rng.integers(3, 15))).capitalize() + "."
+          for _ in range(count)]
+
+
+# ---------------------------------------------------------------------------------------------
+# M2M100 and NLLB-200
+
+
+def _m2m100_tokenizer(workdir: pathlib.Path, model: bytes):
+  """transformers' M2M100Tokenizer with fairseq's vocabulary layout and, as the published
+  checkpoints list them, the language tokens as special tokens."""
+  from transformers import M2M100Tokenizer  # noqa: PLC0415
+  from transformers.models.m2m_100 import tokenization_m2m_100  # noqa: PLC0415
+
+  (workdir / "sentencepiece.bpe.model").write_bytes(model)
+  vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+  for piece in _pieces(model):
+    vocab.setdefault(piece, len(vocab))
+  _write_json(workdir / "vocab.json", vocab)
+  codes = tokenization_m2m_100.FAIRSEQ_LANGUAGE_CODES["m2m100"]
+  language_tokens = [f"__{code}__" for code in codes]
+  return M2M100Tokenizer(vocab_file=str(workdir / "vocab.json"),
+                         spm_file=str(workdir / "sentencepiece.bpe.model"),
+                         additional_special_tokens=language_tokens)
+
+
+def _nllb_tokenizer(workdir: pathlib.Path, model: bytes):
+  """transformers' NllbTokenizer (a tokenizers-library BPE) made from the sentencepiece model."""
+  from tokenizers.models import BPE  # noqa: PLC0415
+  from transformers import NllbTokenizer  # noqa: PLC0415
+  from transformers.convert_slow_tokenizer import SentencePieceExtractor  # noqa: PLC0415
+
+  path = workdir / "sentencepiece.bpe.model"
+  path.write_bytes(model)
+  extracted = SentencePieceExtractor(str(path)).extract(BPE)
+  # fairseq's layout: <s> <pad> </s> <unk>, then the pieces shifted by one.
+  vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+  for piece in _pieces(model):
+    vocab.setdefault(piece, len(vocab))
+  # Left out, the extractor's own special-token list would replace the 202 language codes.
+  return NllbTokenizer(vocab=vocab, merges=extracted["merges"],
+                       _spm_precompiled_charsmap=extracted["_spm_precompiled_charsmap"])
+
+
+def _build_m2m100_family(out_dir, *, kind: str, data_dir, languages: Sequence[str],
+                         directions: Sequence[tuple[str, str]], steps: int, model_dim: int,
+                         layers: int, heads: int, ffn: int, vocab_size: int, batch_size: int,
+                         learning_rate: float, max_length: int, seed: int,
+                         max_pairs: int) -> BuildInfo:
+  import torch  # noqa: PLC0415
+  from transformers import (GenerationConfig, M2M100Config,  # noqa: PLC0415
+                            M2M100ForConditionalGeneration)
+
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  for source, target in directions:
+    if source not in languages or target not in languages:
+      raise ValueError(f"direction {source}->{target} uses a language outside "
+                       f"languages={tuple(languages)}")
+  corpus = {lang: _read_lines(data_dir, "train", lang, max_pairs) for lang in languages}
+  model_proto = _train_spm([line for lines in corpus.values() for line in lines],
+                           vocab_size=vocab_size, model_type="bpe")
+  with tempfile.TemporaryDirectory() as workdir:
+    if kind == "nllb":
+      tokenizer = _nllb_tokenizer(pathlib.Path(workdir), model_proto)
+      code = _NLLB_CODES.__getitem__
+    else:
+      tokenizer = _m2m100_tokenizer(pathlib.Path(workdir), model_proto)
+      code = str
+  pairs = [(source, target, i) for source, target in directions
+           for i in range(min(len(corpus[source]), len(corpus[target])))]
+  lengths = [len(corpus[source][i]) + len(corpus[target][i]) for source, target, i in pairs]
+  plan = _batch_plan(lengths, steps=steps, batch_size=batch_size, seed=seed)
+
+  def encode(used: list[int]) -> tuple[list, list]:
+    source_ids, target_ids = {}, {}
+    for source, target in directions:
+      chosen = [k for k in used if pairs[k][:2] == (source, target)]
+      # transformers' own layouts: [code] pieces </s> on both sides.
+      tokenizer.src_lang, tokenizer.tgt_lang = code(source), code(target)
+      texts = [pairs[k][2] for k in chosen]
+      source_ids.update(zip(chosen, tokenizer([corpus[source][i] for i in texts])["input_ids"]))
+      target_ids.update(zip(chosen, tokenizer(
+          text_target=[corpus[target][i] for i in texts])["input_ids"]))
+    return [source_ids[k] for k in used], [target_ids[k] for k in used]
+
+  ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
+  # Saved as the tokenizer's default languages.
+  tokenizer.src_lang, tokenizer.tgt_lang = code(directions[0][0]), code(directions[0][1])
+  eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+  # M2M100's embedding: vocab.json, 100 language codes, 8 made-up words (128,112 in
+  # the release). NLLB's: every id of its tokenizer.
+  embedding_size = len(tokenizer) + (8 if kind == "m2m_100" else 0)
+  torch.manual_seed(seed)
+  config = M2M100Config(
+      vocab_size=embedding_size, d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
+      encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+      decoder_ffn_dim=ffn, max_position_embeddings=1024, activation_function="relu",
+      scale_embedding=True, dropout=0.1, attention_dropout=0.1, activation_dropout=0.0,
+      encoder_layerdrop=0.0, decoder_layerdrop=0.0, pad_token_id=pad_id, bos_token_id=0,
+      eos_token_id=eos_id, decoder_start_token_id=eos_id)
+  model = M2M100ForConditionalGeneration(config)
+  loss = _train(model, plan, ids, pad_id=pad_id, learning_rate=learning_rate)
+  generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
+                                       eos_token_id=eos_id, pad_token_id=pad_id,
+                                       max_length=max_length)
+  return _save(model, tokenizer, generation_config, out, kind=kind, started=started, steps=steps,
+               loss=loss, seed=seed)
+
+
+def build_m2m100(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
+                 languages: Sequence[str] = ("de", "en", "fr"),
+                 directions: Sequence[tuple[str, str]] = (("de", "en"),), steps: int = 400,
+                 model_dim: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128,
+                 vocab_size: int = 2000, batch_size: int = 32, learning_rate: float = 5e-3,
+                 max_length: int = 200, seed: int = 0,
+                 max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
+  """An M2M100ForConditionalGeneration checkpoint with M2M100's tokenizer, trained briefly.
+
+  One BPE sentencepiece model over the Multi30k text of ``languages``; fairseq's
+  vocabulary layout (``<s> <pad> </s> <unk>`` then the pieces); the 100 language
+  tokens as special tokens after it. Training pairs are laid out as transformers
+  lays them (``[__src__] pieces </s>`` -> ``[__tgt__] pieces </s>``), so generation
+  with ``forced_bos_token_id`` = the target code reproduces them.
+
+  Args:
+    out_dir: where ``save_pretrained`` writes (created).
+    data_dir: Multi30k raw text.
+    languages: languages whose text trains the sentencepiece model.
+    directions: (source, target) pairs to train on.
+    steps, batch_size, learning_rate: AdamW training.
+    model_dim, layers, heads, ffn: the architecture.
+    vocab_size: pieces of the sentencepiece model.
+    max_length: the generation config's ``max_length`` (M2M100: 200).
+    seed: seeds the initialisation and the batches (sentencepiece is deterministic).
+    max_pairs: sentences read per language.
+  """
+  return _build_m2m100_family(
+      out_dir, kind="m2m_100", data_dir=data_dir, languages=languages, directions=directions,
+      steps=steps, model_dim=model_dim, layers=layers, heads=heads, ffn=ffn,
+      vocab_size=vocab_size, batch_size=batch_size, learning_rate=learning_rate,
+      max_length=max_length, seed=seed, max_pairs=max_pairs)
+
+
+def build_nllb(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
+               languages: Sequence[str] = ("de", "en", "fr"),
+               directions: Sequence[tuple[str, str]] = (("de", "en"),), steps: int = 400,
+               model_dim: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128,
+               vocab_size: int = 2000, batch_size: int = 32, learning_rate: float = 5e-3,
+               max_length: int = 200, seed: int = 0,
+               max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
+  """As ``build_m2m100``, with NLLB-200's tokenizer (``tokenizer.json``, codes like
+  ``eng_Latn``): the layout of the NLLB-200 checkpoints, also M2M100 models."""
+  unknown = [lang for lang in languages if lang not in _NLLB_CODES]
+  if unknown:
+    raise ValueError(f"languages {unknown} have no NLLB code here; use some of "
+                     f"{sorted(_NLLB_CODES)}")
+  return _build_m2m100_family(
+      out_dir, kind="nllb", data_dir=data_dir, languages=languages, directions=directions,
+      steps=steps, model_dim=model_dim, layers=layers, heads=heads, ffn=ffn,
+      vocab_size=vocab_size, batch_size=batch_size, learning_rate=learning_rate,
+      max_length=max_length, seed=seed, max_pairs=max_pairs)
+
+
+__all__ = ["BuildInfo", "build_marian", "build_m2m100", "build_nllb", "build_random_marian"]

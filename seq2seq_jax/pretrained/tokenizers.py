@@ -1,0 +1,839 @@
+"""Tokenizers of Hugging Face translation checkpoints (OPUS-MT, M2M100, NLLB-200), no transformers.
+
+``MarianTokenizer`` and ``M2M100Tokenizer`` read the files ``save_pretrained``
+writes and run sentencepiece directly; ``NllbTokenizer`` reads NLLB's
+``tokenizer.json`` with the ``tokenizers`` library (transformers 5 keeps NLLB
+only in that form). Ids and decoded text match transformers 5's tokenizers.
+
+Example:
+  >>> tokenizer = load_tokenizer("opus-mt-de-en", "marian")  # a save_pretrained directory
+  >>> rows = tokenizer.encode_source(["Ein Hund läuft."])      # pieces, then EOS (id 0)
+  >>> tokenizer.decode_batch(rows)  # up to the first EOS; special tokens skipped
+  ['Ein Hund läuft.']
+  >>> m2m = load_tokenizer("m2m100_418M", "m2m_100")
+  >>> m2m.encode_source(["Ein Hund."], lang="de")[0][0] == m2m.languages.index("de") + 128004
+  True
+  >>> m2m.target_prefix("en")  # forced after the decoder start
+  [128022]
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sentencepiece as spm
+
+# Language codes of fairseq's M2M100 releases, in id order: the code at index i
+# has id len(vocab.json) + i. transformers' ``language_codes`` picks the list.
+_M2M100_LANGUAGE_CODES = {
+    "m2m100": tuple(
+        "af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl "
+        "gu ha he hi hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml "
+        "mn mr ms my ne nl no ns oc or pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl "
+        "tn tr uk ur uz vi wo xh yi yo zh zu".split()),
+    "wmt21": tuple("en ha is ja cs ru zh de".split()),
+}
+# NLLB-200's codes look like ``eng_Latn``: ISO 639-3 and ISO 15924 script.
+_NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
+_SPIECE_SPACE = "\u2581"
+# Named special tokens in the order transformers lists them (``all_special_tokens``).
+_NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                   "mask_token")
+_FORMAT_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files
+
+
+def _read_json(path: pathlib.Path, fix: str) -> Any:
+  if not path.is_file():
+    raise ValueError(f"{path} is missing: {fix}")
+  try:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    raise ValueError(f"{path} is not valid JSON ({error}): {fix}") from None
+
+
+def _read_bytes(path: pathlib.Path, fix: str) -> bytes:
+  if not path.is_file():
+    raise ValueError(f"{path} is missing: {fix}")
+  return path.read_bytes()
+
+
+def _check_vocab(vocab: Any, where: str) -> dict[str, int]:
+  if (not isinstance(vocab, dict) or not vocab
+      or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                 for k, v in vocab.items())):
+    raise ValueError(f"{where} must map each piece (a string) to its id (an integer); re-save the "
+                     "tokenizer with transformers' save_pretrained")
+  return dict(vocab)
+
+
+def _load_processor(model: bytes, where: str,
+                    kwargs: Mapping[str, Any]) -> spm.SentencePieceProcessor:
+  try:
+    return spm.SentencePieceProcessor(model_proto=model, **kwargs)
+  except (RuntimeError, TypeError, OSError) as error:
+    raise ValueError(f"{where} is not a sentencepiece model ({error}): copy the checkpoint's "
+                     "file again") from None
+
+
+def _token_content(value: Any, where: str) -> str:
+  """A token given as a string or as a serialised ``AddedToken`` (a dict with ``content``)."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, dict) and isinstance(value.get("content"), str):
+    return value["content"]
+  raise ValueError(f"{where} must be a token string or a dict with a 'content' string, got "
+                   f"{value!r}: fix tokenizer_config.json")
+
+
+def _named(config: Mapping[str, Any], name: str, default: str) -> str:
+  """A named special token of tokenizer_config.json (``eos_token`` ...), or its default."""
+  return _token_content(config.get(name, default), f"tokenizer_config.json: {name!r}")
+
+
+def _legacy_merge(config: dict[str, Any], directory: pathlib.Path) -> dict[str, Any]:
+  """Folds ``special_tokens_map.json`` and ``added_tokens.json`` into the config, as
+  transformers does for a config without ``added_tokens_decoder`` (files written
+  before transformers 4.34)."""
+  if "added_tokens_decoder" in config:
+    return config
+  config = dict(config)
+  path = directory / "special_tokens_map.json"
+  if path.is_file():
+    special_map = _read_json(path, "delete it or re-save the tokenizer with save_pretrained")
+    if not isinstance(special_map, dict):
+      raise ValueError(f"{path} must hold a JSON object: delete it or re-save the tokenizer")
+    extras = list(config.get("extra_special_tokens") or [])
+    for key, value in special_map.items():
+      if key == "extra_special_tokens" and isinstance(value, list):
+        extras += [token for token in value if token not in extras]
+      else:
+        config[key] = value
+    if extras:
+      config["extra_special_tokens"] = extras
+  path = directory / "added_tokens.json"
+  if path.is_file():
+    added = _read_json(path, "delete it or re-save the tokenizer with save_pretrained")
+    if not isinstance(added, dict) or not all(isinstance(v, int) for v in added.values()):
+      raise ValueError(f"{path} must map tokens to integer ids: delete it or re-save the tokenizer")
+    specials = {_token_content(config[name], name) for name in _NAMED_SPECIALS if config.get(name)}
+    specials |= {_token_content(token, "extra_special_tokens")
+                 for token in (config.get("extra_special_tokens")
+                               or config.get("additional_special_tokens") or [])}
+    config["added_tokens_decoder"] = {
+        str(index): {"content": token, "lstrip": False, "rstrip": False, "single_word": False,
+                     "normalized": token not in specials, "special": token in specials}
+        for token, index in added.items()}
+  return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Added and special tokens, as transformers' Python tokenizers handle them
+
+
+@dataclasses.dataclass(frozen=True)
+class _Added:
+  """An added token: cut out of the text before sentencepiece sees it."""
+  content: str
+  lstrip: bool = False
+  rstrip: bool = False
+  single_word: bool = False
+
+
+class _AddedTokens:
+  """Added tokens with their ids, and which of them are special (skipped when decoding).
+
+  Mirrors ``PythonBackend``: the tokens of ``added_tokens_decoder`` keep their ids;
+  each special token not among them takes its vocabulary id or, when the vocabulary
+  lacks it, the next id past the vocabulary.
+  """
+
+  def __init__(self, config: Mapping[str, Any], base_vocab: Mapping[str, int],
+               defaults: Mapping[str, str]):
+    self.ids: dict[str, int] = {}
+    self.tokens: dict[str, _Added] = {}
+    decoder = config.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+      raise ValueError("tokenizer_config.json: 'added_tokens_decoder' must map ids to tokens; "
+                       "re-save the tokenizer with save_pretrained")
+    for key, entry in decoder.items():
+      where = f"tokenizer_config.json: added_tokens_decoder[{key!r}]"
+      content = _token_content(entry, where)
+      try:
+        index = int(key)
+      except ValueError:
+        raise ValueError(f"{where}: the key must be an integer id; re-save the tokenizer") from None
+      flags = entry if isinstance(entry, dict) else {}
+      self.ids[content] = index
+      self.tokens[content] = _Added(content, bool(flags.get("lstrip")), bool(flags.get("rstrip")),
+                                    bool(flags.get("single_word")))
+
+    specials = [_token_content(config[name] if name in config else defaults[name],
+                               f"tokenizer_config.json: {name!r}")
+                for name in _NAMED_SPECIALS
+                if config.get(name, defaults.get(name)) is not None]
+    extras = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+    if not isinstance(extras, list):
+      raise ValueError("tokenizer_config.json: 'extra_special_tokens' must be a list of tokens; "
+                       "re-save the tokenizer with save_pretrained")
+    specials += [_token_content(value, "tokenizer_config.json: 'extra_special_tokens'")
+                 for value in extras]
+    self.special: tuple[str, ...] = tuple(dict.fromkeys(specials))
+
+    # transformers adds them as plain strings: their lstrip/rstrip settings are not kept.
+    next_id = len(set(base_vocab) | set(self.ids))
+    for token in self.special:
+      if token in self.ids:
+        continue
+      if token in base_vocab:
+        self.ids[token] = base_vocab[token]
+      else:
+        self.ids[token] = next_id
+        next_id += 1
+      self.tokens[token] = _Added(token)
+    self.by_id = {index: content for content, index in self.ids.items()}
+    self.special_ids = frozenset(self.ids[token] for token in self.special)
+    by_length = sorted(self.ids, key=len, reverse=True)
+    self._pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
+
+  def split(self, text: str) -> list[str]:
+    """The text cut at added tokens (leftmost, longest first); each token its own segment."""
+    if self._pattern is None:
+      return [text] if text else []
+    segments: list[str] = []
+    start = 0
+    for match in self._pattern.finditer(text):
+      segments += [text[start:match.start()], match.group()]
+      start = match.end()
+    segments.append(text[start:])
+    segments = [segment for segment in segments if segment]
+    # The strip and whole-word options of added tokens act on the neighbouring segments.
+    for i, segment in enumerate(segments):
+      token = self.tokens.get(segment)
+      if token is None:
+        continue
+      left = segments[i - 1] if i > 0 else None
+      right = segments[i + 1] if i + 1 < len(segments) else None
+      if token.rstrip and right:
+        segments[i + 1] = right.lstrip()
+      if token.lstrip and left:
+        segments[i - 1] = left.rstrip()
+      if token.single_word:
+        if left and left[-1] != " ":
+          segments[i - 1] += segment
+          segments[i] = ""
+        elif right and right[0] != " ":
+          segments[i + 1] = segment + segments[i + 1]
+          segments[i] = ""
+    return [segment for segment in segments if segment]
+
+  def is_atomic(self, segment: str) -> bool:
+    return segment in self.ids or segment in self.special
+
+
+def _clean_up_spaces(text: str) -> str:
+  """transformers' ``clean_up_tokenization``: drops the space before punctuation and clitics."""
+  for spaced, joined in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+                         (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
+                         (" 're", "'re")):
+    text = text.replace(spaced, joined)
+  return text
+
+
+def _unknown_language(lang: Any, known: Sequence[str], what: str) -> ValueError:
+  listed = ", ".join(known) if known else "none"
+  return ValueError(f"{what}: unknown language {lang!r}; this checkpoint knows: {listed}")
+
+
+def _truncate_at_eos(row: Sequence[int], eos_id: int, start_is_eos: bool) -> list[int]:
+  ids = [int(i) for i in row]
+  # HF generate returns the decoder start first; for M2M100 and NLLB that is EOS itself.
+  begin = 1 if start_is_eos and ids[:1] == [eos_id] else 0
+  end = ids.index(eos_id, begin) + 1 if eos_id in ids[begin:] else len(ids)
+  return ids[begin:end]
+
+
+def _write_json(path: pathlib.Path, data: Any) -> None:
+  path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _b64(data: bytes) -> str:
+  return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(d: Mapping[str, Any], key: str, kind: str) -> bytes:
+  try:
+    return base64.b64decode(d[key], validate=True)
+  except KeyError:
+    raise ValueError(f"tokenizer dict of kind {kind!r} lacks {key!r}: store it with "
+                     "to_dict()") from None
+  except (ValueError, TypeError):
+    raise ValueError(f"tokenizer dict field {key!r} is not base64: store it with "
+                     "to_dict()") from None
+
+
+def _field(d: Mapping[str, Any], key: str, kind: str) -> Any:
+  if key not in d:
+    raise ValueError(f"tokenizer dict of kind {kind!r} lacks {key!r}: store it with to_dict()")
+  return d[key]
+
+
+def _check_kind(d: Mapping[str, Any], kind: str) -> None:
+  if not isinstance(d, Mapping) or d.get("kind") != kind:
+    got = d.get("kind") if isinstance(d, Mapping) else type(d).__name__
+    raise ValueError(f"tokenizer dict has kind {got!r}, expected {kind!r}: use tokenizer_from_dict")
+
+
+# ---------------------------------------------------------------------------------------------
+# Marian (OPUS-MT)
+
+
+class MarianTokenizer:
+  """OPUS-MT's tokenizer: source and target sentencepiece models, one or two vocabularies.
+
+  Matches transformers' ``MarianTokenizer``: no text normalisation (its Moses
+  punctuation normaliser is set up but never applied), a leading ``>>xx<<``
+  language code kept whole, pieces missing from the vocabulary mapped to
+  ``<unk>``, EOS appended. With one shared vocabulary transformers decodes with
+  the *source* sentencepiece model, and so does this class.
+
+  Attributes:
+    pad_id, eos_id, unk_id: ids of ``<pad>``, ``</s>``, ``<unk>`` (OPUS-MT: last id, 0, 1).
+    vocab_size: ids of the target vocabulary (the decoder's output size).
+    source_vocab_size: ids of the source vocabulary (``vocab.json``).
+    languages: the codes ``xx`` of the ``>>xx<<`` tokens in the source vocabulary
+      (multilingual-target models); empty for a bilingual model.
+  """
+
+  kind = "marian"
+
+  def __init__(self, *, source_spm: bytes, target_spm: bytes, vocab: Mapping[str, int],
+               target_vocab: Mapping[str, int] | None, config: Mapping[str, Any]):
+    """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
+    self._config = dict(config)
+    self.separate_vocabs = bool(self._config.get("separate_vocabs", False))
+    if self.separate_vocabs and target_vocab is None:
+      raise ValueError("target_vocab.json is missing: tokenizer_config.json sets separate_vocabs, "
+                       "so the target vocabulary must be saved beside vocab.json")
+    self._source_bytes, self._target_bytes = bytes(source_spm), bytes(target_spm)
+    self._vocab = _check_vocab(vocab, "vocab.json")
+    self._target_vocab = (_check_vocab(target_vocab, "target_vocab.json")
+                          if self.separate_vocabs else None)
+    kwargs = self._config.get("sp_model_kwargs") or {}
+    self._source_sp = _load_processor(self._source_bytes, "source.spm", kwargs)
+    self._target_sp = _load_processor(self._target_bytes, "target.spm", kwargs)
+
+    self._added = _AddedTokens(self._config, self._vocab,
+                               {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
+    self._unk_token = _named(self._config, "unk_token", "<unk>")
+    for name, table in (("vocab.json", self._vocab), ("target_vocab.json", self._target_vocab)):
+      if table is not None and self._unk_token not in table:
+        raise ValueError(f"{name} lacks the unknown token {self._unk_token!r}: add it (OPUS-MT "
+                         "gives it id 1) or fix 'unk_token' in tokenizer_config.json")
+    decode_table = self._target_vocab if self.separate_vocabs else self._vocab
+    self._id_to_piece = {index: piece for piece, index in decode_table.items()}
+    self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
+
+    self.eos_id = self._token_id(_named(self._config, "eos_token", "</s>"), self._vocab)
+    self.unk_id = self._token_id(self._unk_token, self._vocab)
+    self.pad_id = self._token_id(_named(self._config, "pad_token", "<pad>"), self._vocab)
+    self.source_vocab_size = len(self._vocab)
+    self.vocab_size = len(self._target_vocab) if self.separate_vocabs else len(self._vocab)
+    self.languages: tuple[str, ...] = tuple(
+        piece[2:-2] for piece in self._vocab
+        if piece.startswith(">>") and piece.endswith("<<") and len(piece) > 4)
+
+  @classmethod
+  def from_directory(cls, path: str | os.PathLike) -> MarianTokenizer:
+    """Reads ``source.spm``, ``target.spm``, ``vocab.json`` (and ``target_vocab.json`` with
+    separate vocabularies) and ``tokenizer_config.json`` from a ``save_pretrained`` directory."""
+    directory = pathlib.Path(path).expanduser()
+    fix = "save the tokenizer with transformers' MarianTokenizer.save_pretrained here"
+    config = _read_json(directory / "tokenizer_config.json", fix)
+    if not isinstance(config, dict):
+      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
+    config = _legacy_merge(config, directory)
+    target_vocab = None
+    if config.get("separate_vocabs", False):
+      target_vocab = _read_json(directory / "target_vocab.json",
+                                "tokenizer_config.json sets separate_vocabs, so the target "
+                                "vocabulary must be saved beside vocab.json")
+    return cls(source_spm=_read_bytes(directory / "source.spm", fix),
+               target_spm=_read_bytes(directory / "target.spm", fix),
+               vocab=_read_json(directory / "vocab.json", fix), target_vocab=target_vocab,
+               config=config)
+
+  def __repr__(self) -> str:
+    return (f"MarianTokenizer(vocab_size={self.vocab_size}, source_vocab_size="
+            f"{self.source_vocab_size}, separate_vocabs={self.separate_vocabs}, "
+            f"languages={len(self.languages)})")
+
+  def _token_id(self, token: str, table: Mapping[str, int]) -> int:
+    if token in self._added.ids:
+      return self._added.ids[token]
+    return table.get(token, table[self._unk_token])
+
+  def _check_lang(self, lang: str | None) -> None:
+    if lang is not None and lang not in self.languages:
+      raise _unknown_language(lang, self.languages, "MarianTokenizer (the >>xx<< codes of "
+                                                    "vocab.json)")
+
+  def _encode(self, text: str, target: bool) -> list[int]:
+    sp = self._target_sp if target else self._source_sp
+    table = self._target_vocab if target and self.separate_vocabs else self._vocab
+    ids = []
+    for segment in self._added.split(text):
+      if self._added.is_atomic(segment):
+        ids.append(self._token_id(segment, table))
+        continue
+      pieces = []
+      # A leading >>xx<< is one token, never cut by sentencepiece.
+      if segment.startswith(">>") and (end := segment.find("<<")) != -1:
+        pieces.append(segment[:end + 2])
+        segment = segment[end + 2:]
+      pieces += sp.encode(segment, out_type=str)
+      ids += [self._token_id(piece, table) for piece in pieces]
+    return ids + [self.eos_id]
+
+  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """Source ids of each text, EOS last: ``tokenizer(texts)["input_ids"]``.
+
+    Args:
+      texts: sentences.
+      lang: target language of a multilingual model; prepends its ``>>lang<<`` token
+        (the same ids as transformers on ``f">>{lang}<< {text}"``). None leaves the
+        texts as they are (they may carry their own code).
+    """
+    self._check_lang(lang)
+    if lang is not None:
+      texts = [f">>{lang}<< {text}" for text in texts]
+    return [self._encode(text, target=False) for text in texts]
+
+  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """Target ids of each text, EOS last: ``tokenizer(text_target=texts)["input_ids"]``.
+
+    ``lang`` is only checked: OPUS-MT marks the target language on the source side.
+    """
+    self._check_lang(lang)
+    return [self._encode(text, target=True) for text in texts]
+
+  def target_prefix(self, lang: str | None = None) -> list[int]:
+    """Ids forced after the decoder start: none for Marian (``lang`` is only checked)."""
+    self._check_lang(lang)
+    return []
+
+  def _piece(self, index: int) -> str:
+    if index in self._added.by_id:
+      return self._added.by_id[index]
+    if index in self._id_to_piece:
+      return self._id_to_piece[index]
+    sp = self._target_sp if self.separate_vocabs else self._source_sp
+    if 0 <= index < sp.get_piece_size():
+      return sp.id_to_piece(index) or self._unk_token
+    return self._unk_token
+
+  def _decode(self, ids: Sequence[int]) -> str:
+    sp = self._target_sp if self.separate_vocabs else self._source_sp
+    text, pending = "", []
+    for index in ids:
+      if index in self._added.special_ids:
+        continue
+      piece = self._piece(index)
+      if piece in self._added.special:  # a special token reached through a non-special id
+        text += sp.decode_pieces(pending) + piece + " "
+        pending = []
+      else:
+        pending.append(piece)
+    text = (text + sp.decode_pieces(pending)).replace(_SPIECE_SPACE, " ").strip()
+    return _clean_up_spaces(text) if self._clean_up else text
+
+  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    """Text of each row up to its first EOS: ``batch_decode(rows, skip_special_tokens=True)``."""
+    return [self._decode(_truncate_at_eos(row, self.eos_id, False)) for row in rows]
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable copy (sentencepiece models in base64); ``from_dict`` restores it."""
+    return {"kind": self.kind, "format_version": _FORMAT_VERSION,
+            "source_spm": _b64(self._source_bytes), "target_spm": _b64(self._target_bytes),
+            "vocab": dict(self._vocab), "target_vocab": self._target_vocab,
+            "config": dict(self._config)}
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> MarianTokenizer:
+    _check_kind(d, cls.kind)
+    return cls(source_spm=_unb64(d, "source_spm", cls.kind),
+               target_spm=_unb64(d, "target_spm", cls.kind), vocab=_field(d, "vocab", cls.kind),
+               target_vocab=d.get("target_vocab"), config=_field(d, "config", cls.kind))
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes a directory that transformers' ``MarianTokenizer.from_pretrained`` loads."""
+    directory = pathlib.Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "source.spm").write_bytes(self._source_bytes)
+    (directory / "target.spm").write_bytes(self._target_bytes)
+    _write_json(directory / "vocab.json", self._vocab)
+    if self._target_vocab is not None:
+      _write_json(directory / "target_vocab.json", self._target_vocab)
+    _write_json(directory / "tokenizer_config.json",
+                {"tokenizer_class": "MarianTokenizer", **self._config})
+
+
+# ---------------------------------------------------------------------------------------------
+# M2M100
+
+
+class M2M100Tokenizer:
+  """M2M100's tokenizer: one sentencepiece model, a fairseq vocabulary, language-code tokens.
+
+  Ids are ``[__lang__] pieces </s>`` on both sides, as in transformers 5. The
+  language tokens take the ids past ``vocab.json`` in fairseq's order; they are
+  special (skipped when decoding) only when ``tokenizer_config.json`` (or
+  ``special_tokens_map.json``) lists them, as the published checkpoints do.
+
+  Attributes:
+    pad_id, eos_id, unk_id: ids of ``<pad>``, ``</s>``, ``<unk>`` (1, 2, 3).
+    vocab_size: ``vocab.json`` + language codes + ``num_madeup_words``: the size of
+      the published checkpoints' embeddings (128,112 for M2M100).
+    source_vocab_size: the same (one vocabulary for both sides).
+    languages: the codes the checkpoint knows (``de``, ``en``, ...).
+  """
+
+  kind = "m2m_100"
+
+  def __init__(self, *, spm_model: bytes, vocab: Mapping[str, int], config: Mapping[str, Any]):
+    """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
+    self._config = dict(config)
+    self._spm_bytes = bytes(spm_model)
+    self._vocab = _check_vocab(vocab, "vocab.json")
+    self._sp = _load_processor(self._spm_bytes, "sentencepiece.bpe.model",
+                               self._config.get("sp_model_kwargs") or {})
+    codes = self._config.get("language_codes", "m2m100")
+    if codes not in _M2M100_LANGUAGE_CODES:
+      raise ValueError(f"tokenizer_config.json: language_codes={codes!r} is unknown; use one of "
+                       f"{sorted(_M2M100_LANGUAGE_CODES)}")
+    self.languages: tuple[str, ...] = _M2M100_LANGUAGE_CODES[codes]
+    self._lang_ids = {lang: len(self._vocab) + i for i, lang in enumerate(self.languages)}
+    self._lang_token_ids = {f"__{lang}__": index for lang, index in self._lang_ids.items()}
+    self._id_to_lang_token = {index: token for token, index in self._lang_token_ids.items()}
+    self._id_to_piece = {index: piece for piece, index in self._vocab.items()}
+    self._unk_token = _named(self._config, "unk_token", "<unk>")
+    if self._unk_token not in self._vocab:
+      raise ValueError(f"vocab.json lacks the unknown token {self._unk_token!r}: add it (fairseq "
+                       "gives it id 3) or fix 'unk_token' in tokenizer_config.json")
+    # transformers counts the vocabulary through its id -> token map (range(len(vocab.json))).
+    base_vocab = {self._piece_of(i, with_added=False): i for i in range(len(self._vocab))}
+    self._added = _AddedTokens(self._config, base_vocab,
+                               {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
+                                "pad_token": "<pad>", "unk_token": "<unk>"})
+    self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
+    self.eos_id = self._token_id(_named(self._config, "eos_token", "</s>"))
+    self.pad_id = self._token_id(_named(self._config, "pad_token", "<pad>"))
+    self.unk_id = self._token_id(self._unk_token)
+    self.vocab_size = (len(self._vocab) + len(self.languages)
+                       + int(self._config.get("num_madeup_words", 8)))
+    self.source_vocab_size = self.vocab_size
+
+  @classmethod
+  def from_directory(cls, path: str | os.PathLike) -> M2M100Tokenizer:
+    """Reads ``vocab.json``, ``sentencepiece.bpe.model`` and ``tokenizer_config.json``."""
+    directory = pathlib.Path(path).expanduser()
+    fix = "save the tokenizer with transformers' M2M100Tokenizer.save_pretrained here"
+    config = _read_json(directory / "tokenizer_config.json", fix)
+    if not isinstance(config, dict):
+      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
+    config = _legacy_merge(config, directory)
+    return cls(spm_model=_read_bytes(directory / "sentencepiece.bpe.model", fix),
+               vocab=_read_json(directory / "vocab.json", fix), config=config)
+
+  def __repr__(self) -> str:
+    return f"M2M100Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
+
+  def _token_id(self, token: str) -> int:
+    if token in self._added.ids:
+      return self._added.ids[token]
+    if token in self._lang_token_ids:
+      return self._lang_token_ids[token]
+    return self._vocab.get(token, self._vocab[self._unk_token])
+
+  def _piece_of(self, index: int, with_added: bool = True) -> str:
+    if with_added and index in self._added.by_id:
+      return self._added.by_id[index]
+    if index in self._id_to_lang_token:
+      return self._id_to_lang_token[index]
+    return self._id_to_piece.get(index, self._unk_token)
+
+  def _lang_id(self, lang: str | None, side: str) -> int:
+    if lang is None:
+      lang = self._config.get("src_lang" if side == "source" else "tgt_lang")
+    if lang is None:
+      raise _unknown_language(lang, self.languages,
+                              f"M2M100Tokenizer: pass the {side} language (lang=...)")
+    if lang not in self._lang_ids:
+      raise _unknown_language(lang, self.languages, f"M2M100Tokenizer ({side} side)")
+    return self._lang_ids[lang]
+
+  def _pieces(self, text: str) -> list[int]:
+    ids = []
+    for segment in self._added.split(text):
+      if self._added.is_atomic(segment):
+        ids.append(self._token_id(segment))
+      else:
+        ids += [self._token_id(piece) for piece in self._sp.encode(segment, out_type=str)]
+    return ids
+
+  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """``[__lang__] pieces </s>`` per text, as ``tokenizer(texts)`` with ``src_lang=lang``.
+
+    Args:
+      texts: sentences.
+      lang: the source language; None takes ``src_lang`` of tokenizer_config.json and
+        raises when that is unset (transformers would silently use ``en``).
+    """
+    lang_id = self._lang_id(lang, "source")
+    return [[lang_id, *self._pieces(text), self.eos_id] for text in texts]
+
+  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """``[__lang__] pieces </s>`` per text, as ``tokenizer(text_target=texts)`` with
+    ``tgt_lang=lang`` (None: ``tgt_lang`` of tokenizer_config.json, else an error)."""
+    lang_id = self._lang_id(lang, "target")
+    return [[lang_id, *self._pieces(text), self.eos_id] for text in texts]
+
+  def target_prefix(self, lang: str | None = None) -> list[int]:
+    """``[id of __lang__]``: what generation forces after the decoder start (EOS)."""
+    return [self._lang_id(lang, "target")]
+
+  def _decode(self, ids: Sequence[int]) -> str:
+    text, pending = "", []
+    for index in ids:
+      if index in self._added.special_ids:
+        continue
+      piece = self._piece_of(index)
+      if piece in self._added.special:  # e.g. a made-up word's id, shown as <unk>
+        text += self._sp.decode(pending) + piece
+        pending = []
+      else:
+        pending.append(piece)
+    text = (text + self._sp.decode(pending)).strip()
+    return _clean_up_spaces(text) if self._clean_up else text
+
+  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    """Text of each row, ``batch_decode(rows, skip_special_tokens=True)``: a leading EOS (the
+    decoder start) is dropped and decoding stops at the next EOS."""
+    return [self._decode(_truncate_at_eos(row, self.eos_id, True)) for row in rows]
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable copy (sentencepiece model in base64); ``from_dict`` restores it."""
+    return {"kind": self.kind, "format_version": _FORMAT_VERSION,
+            "spm_model": _b64(self._spm_bytes), "vocab": dict(self._vocab),
+            "config": dict(self._config)}
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> M2M100Tokenizer:
+    _check_kind(d, cls.kind)
+    return cls(spm_model=_unb64(d, "spm_model", cls.kind), vocab=_field(d, "vocab", cls.kind),
+               config=_field(d, "config", cls.kind))
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes a directory that transformers' ``M2M100Tokenizer.from_pretrained`` loads."""
+    directory = pathlib.Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sentencepiece.bpe.model").write_bytes(self._spm_bytes)
+    _write_json(directory / "vocab.json", self._vocab)
+    _write_json(directory / "tokenizer_config.json",
+                {"tokenizer_class": "M2M100Tokenizer", **self._config})
+
+
+# ---------------------------------------------------------------------------------------------
+# NLLB-200
+
+
+def _import_tokenizers():
+  try:
+    import tokenizers  # noqa: PLC0415 - optional: only NLLB needs it
+  except ImportError:
+    raise ImportError("NLLB's tokenizer is a tokenizer.json of the 'tokenizers' library: "
+                      "pip install tokenizers") from None
+  return tokenizers
+
+
+class NllbTokenizer:
+  """NLLB-200's tokenizer from ``tokenizer.json`` (transformers 5 has no sentencepiece form).
+
+  The pieces come from the ``tokenizers`` library running the file's own
+  pipeline; the language code and EOS are placed as transformers'
+  ``NllbTokenizer`` places them: ``[code] pieces </s>``, or ``pieces </s> [code]``
+  when tokenizer_config.json sets ``legacy_behaviour``.
+
+  Attributes:
+    pad_id, eos_id, unk_id: ids of ``<pad>``, ``</s>``, ``<unk>`` (1, 2, 3).
+    vocab_size, source_vocab_size: ids the tokenizer knows, added tokens included
+      (the model's embedding may be padded beyond it: 256,206 against 256,204).
+    languages: the ``xxx_Yyyy`` codes among its special tokens.
+  """
+
+  kind = "nllb"
+
+  def __init__(self, *, tokenizer_json: str, config: Mapping[str, Any]):
+    """Builds the tokenizer from the text of tokenizer.json and tokenizer_config.json's dict."""
+    tokenizers = _import_tokenizers()
+    self._config = dict(config)
+    self._json = str(tokenizer_json)
+    try:
+      self._backend = tokenizers.Tokenizer.from_str(self._json)
+    except Exception as error:  # the Rust side raises plain Exceptions
+      raise ValueError(f"tokenizer.json cannot be read by the tokenizers library ({error}): "
+                       "copy the checkpoint's file again") from None
+    self._backend.no_truncation()
+    self._backend.no_padding()
+    self._legacy = bool(self._config.get("legacy_behaviour", False))
+
+    def required(name: str, default: str) -> int:
+      token = _named(self._config, name, default)
+      index = self._backend.token_to_id(token)
+      if index is None:
+        raise ValueError(f"tokenizer.json lacks {name} {token!r}: fix tokenizer_config.json "
+                         "or re-save the tokenizer with save_pretrained")
+      return index
+
+    self.eos_id = required("eos_token", "</s>")
+    self.pad_id = required("pad_token", "<pad>")
+    self.unk_id = required("unk_token", "<unk>")
+    self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
+    self.source_vocab_size = self.vocab_size
+    added = sorted(self._backend.get_added_tokens_decoder().items())
+    self.languages: tuple[str, ...] = tuple(
+        token.content for _, token in added
+        if token.special and _NLLB_CODE.fullmatch(token.content))
+    model_type = json.loads(self._json).get("model", {}).get("type")
+    # transformers skips the clean-up for BPE models (it would eat spaces before punctuation).
+    self._clean_up = (bool(self._config.get("clean_up_tokenization_spaces", False))
+                      and model_type != "BPE")
+
+  @classmethod
+  def from_directory(cls, path: str | os.PathLike) -> NllbTokenizer:
+    """Reads ``tokenizer.json`` and ``tokenizer_config.json``."""
+    directory = pathlib.Path(path).expanduser()
+    fix = "save the tokenizer with transformers' NllbTokenizer.save_pretrained here"
+    config = _read_json(directory / "tokenizer_config.json", fix)
+    if not isinstance(config, dict):
+      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
+    path_json = directory / "tokenizer.json"
+    if not path_json.is_file():
+      raise ValueError(f"{path_json} is missing: {fix} (transformers 5 writes NLLB's tokenizer "
+                       "only as tokenizer.json)")
+    return cls(tokenizer_json=path_json.read_text(encoding="utf-8"), config=config)
+
+  def __repr__(self) -> str:
+    return f"NllbTokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
+
+  def _lang_id(self, lang: str | None, side: str) -> int:
+    if lang is None:
+      lang = self._config.get("src_lang" if side == "source" else "tgt_lang")
+    if lang is None:
+      raise _unknown_language(lang, self.languages,
+                              f"NllbTokenizer: pass the {side} language (lang=...)")
+    if lang not in self.languages:
+      raise _unknown_language(lang, self.languages, f"NllbTokenizer ({side} side)")
+    return self._backend.token_to_id(lang)
+
+  def _encode(self, texts: Sequence[str], lang_id: int) -> list[list[int]]:
+    encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
+    if self._legacy:
+      return [[*encoding.ids, self.eos_id, lang_id] for encoding in encodings]
+    return [[lang_id, *encoding.ids, self.eos_id] for encoding in encodings]
+
+  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """Source ids, as ``tokenizer(texts)`` with ``src_lang=lang`` (None: the config's
+    ``src_lang``, else an error)."""
+    return self._encode(texts, self._lang_id(lang, "source"))
+
+  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """Target ids, as ``tokenizer(text_target=texts)`` with ``tgt_lang=lang``."""
+    return self._encode(texts, self._lang_id(lang, "target"))
+
+  def target_prefix(self, lang: str | None = None) -> list[int]:
+    """``[id of lang]``: what generation forces after the decoder start (EOS)."""
+    return [self._lang_id(lang, "target")]
+
+  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    """Text of each row, ``batch_decode(rows, skip_special_tokens=True)``: a leading EOS (the
+    decoder start) is dropped and decoding stops at the next EOS."""
+    rows = [_truncate_at_eos(row, self.eos_id, True) for row in rows]
+    texts = self._backend.decode_batch(rows, skip_special_tokens=True)
+    return [_clean_up_spaces(text) for text in texts] if self._clean_up else list(texts)
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable copy (tokenizer.json as text); ``from_dict`` restores it."""
+    return {"kind": self.kind, "format_version": _FORMAT_VERSION, "tokenizer_json": self._json,
+            "config": dict(self._config)}
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> NllbTokenizer:
+    _check_kind(d, cls.kind)
+    return cls(tokenizer_json=_field(d, "tokenizer_json", cls.kind),
+               config=_field(d, "config", cls.kind))
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes a directory that transformers' ``NllbTokenizer.from_pretrained`` loads."""
+    directory = pathlib.Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.json").write_text(self._json, encoding="utf-8")
+    _write_json(directory / "tokenizer_config.json",
+                {"tokenizer_class": "NllbTokenizer", **self._config})
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch
+
+PretrainedTokenizer = MarianTokenizer | M2M100Tokenizer | NllbTokenizer
+_KINDS = {cls.kind: cls for cls in (MarianTokenizer, M2M100Tokenizer, NllbTokenizer)}
+
+
+def load_tokenizer(path: str | os.PathLike, model_type: str) -> PretrainedTokenizer:
+  """The tokenizer of a ``save_pretrained`` directory.
+
+  Args:
+    path: the checkpoint directory.
+    model_type: ``config.json``'s ``model_type``: ``"marian"`` or ``"m2m_100"`` (M2M100
+      and NLLB-200 share it; ``tokenizer_class`` in tokenizer_config.json, or the files
+      present, tell them apart); ``"nllb"`` forces NLLB.
+  """
+  directory = pathlib.Path(path).expanduser()
+  if model_type == "marian":
+    return MarianTokenizer.from_directory(directory)
+  if model_type == "nllb":
+    return NllbTokenizer.from_directory(directory)
+  if model_type == "m2m_100":
+    config_path = directory / "tokenizer_config.json"
+    config = _read_json(config_path, "save the tokenizer with transformers' save_pretrained "
+                                     "into this directory")
+    tokenizer_class = str(config.get("tokenizer_class") or "") if isinstance(config, dict) else ""
+    is_nllb = tokenizer_class.startswith("Nllb") or (
+        not tokenizer_class and (directory / "tokenizer.json").is_file()
+        and not (directory / "vocab.json").is_file())
+    return (NllbTokenizer if is_nllb else M2M100Tokenizer).from_directory(directory)
+  raise ValueError(f"model_type={model_type!r} has no tokenizer here; use 'marian', 'm2m_100' or "
+                   "'nllb'")
+
+
+def tokenizer_from_dict(d: Mapping[str, Any]) -> PretrainedTokenizer:
+  """Rebuilds a tokenizer from its ``to_dict()``."""
+  kind = d.get("kind") if isinstance(d, Mapping) else None
+  if kind not in _KINDS:
+    raise ValueError(f"tokenizer dict has kind {kind!r}; expected one of {sorted(_KINDS)} "
+                     "(written by a tokenizer's to_dict())")
+  return _KINDS[kind].from_dict(d)
+
+
+__all__ = ["MarianTokenizer", "M2M100Tokenizer", "NllbTokenizer", "PretrainedTokenizer",
+           "load_tokenizer", "tokenizer_from_dict"]

@@ -1,0 +1,98 @@
+"""Small Hugging Face checkpoints (OPUS-MT, M2M100, NLLB layouts), built once per test session.
+
+Under pytest-xdist the workers share one build directory beside their own temp
+directories; a file lock per checkpoint makes one worker build it.
+"""
+
+import os
+import pathlib
+import shutil
+
+import filelock
+import pytest
+
+from seq2seq_jax.pretrained import fixtures
+
+
+def _multi30k_raw(request) -> pathlib.Path:
+  # tests/conftest.py's shared_data: skips locally, fails under CI when the data is missing.
+  shared_data = next(plugin.shared_data for plugin in request.config.pluginmanager.get_plugins()
+                     if callable(getattr(plugin, "shared_data", None)))
+  return shared_data("multi30k", "raw")
+
+
+# name -> build(out_dir, data_dir): every checkpoint a test here may ask for.
+_CHECKPOINTS = {
+    "marian-de-en": lambda out, data: fixtures.build_marian(out, data_dir=data),
+    "m2m100-de-en": lambda out, data: fixtures.build_m2m100(out, data_dir=data),
+    # Only their files and shapes matter to the tests: a short training suffices.
+    "marian-separate-de-en": lambda out, data: fixtures.build_marian(
+        out, data_dir=data, separate_vocabs=True, steps=100),
+    "nllb-de-en": lambda out, data: fixtures.build_nllb(out, data_dir=data, steps=100),
+}
+
+
+def _build_root(tmp_path_factory) -> pathlib.Path:
+  base = tmp_path_factory.getbasetemp()
+  # xdist workers have their own basetemp; its parent belongs to this test run.
+  return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _ensure(root: pathlib.Path, name: str, data: pathlib.Path, *, wait: bool) -> bool:
+  """Builds ``root/name`` unless built; False when another worker holds it and not ``wait``."""
+  lock = filelock.FileLock(str(root / f"{name}.lock"))
+  try:
+    lock.acquire(timeout=-1 if wait else 0)
+  except filelock.Timeout:
+    return False
+  try:
+    if not (root / name / "build_info.json").is_file():
+      partial = root / f"{name}.partial"
+      shutil.rmtree(partial, ignore_errors=True)
+      _CHECKPOINTS[name](partial, data)
+      partial.rename(root / name)
+  finally:
+    lock.release()
+  return True
+
+
+def _checkpoint(request, tmp_path_factory, name: str) -> pathlib.Path:
+  """The checkpoint ``name``, built once per test run whichever worker asks first.
+
+  A worker that finds another building it builds a different missing one meanwhile,
+  so two workers build two checkpoints at a time instead of one waiting idle.
+  """
+  data = _multi30k_raw(request)
+  root = _build_root(tmp_path_factory)
+  if not _ensure(root, name, data, wait=False):
+    for other in _CHECKPOINTS:
+      if (other != name and not (root / other / "build_info.json").is_file()
+          and _ensure(root, other, data, wait=False)):
+        break
+    _ensure(root, name, data, wait=True)
+  return root / name
+
+
+@pytest.fixture(scope="session")
+def marian_dir(request, tmp_path_factory) -> pathlib.Path:
+  """OPUS-MT layout, shared vocabulary: de -> en, 2 + 2 layers of width 64, 400 steps."""
+  return _checkpoint(request, tmp_path_factory, "marian-de-en")
+
+
+@pytest.fixture(scope="session")
+def marian_separate_dir(request, tmp_path_factory) -> pathlib.Path:
+  """OPUS-MT layout with separate source and target vocabularies (untied embeddings);
+  trained 100 steps only (outputs are not natural)."""
+  return _checkpoint(request, tmp_path_factory, "marian-separate-de-en")
+
+
+@pytest.fixture(scope="session")
+def m2m100_dir(request, tmp_path_factory) -> pathlib.Path:
+  """M2M100 layout: de -> en, language tokens as special tokens, 400 steps."""
+  return _checkpoint(request, tmp_path_factory, "m2m100-de-en")
+
+
+@pytest.fixture(scope="session")
+def nllb_dir(request, tmp_path_factory) -> pathlib.Path:
+  """NLLB-200 layout (tokenizer.json): deu_Latn -> eng_Latn; trained 100 steps only."""
+  return _checkpoint(request, tmp_path_factory, "nllb-de-en")
