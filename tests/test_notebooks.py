@@ -20,7 +20,7 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLABS = REPO_ROOT / "colabs"
 NAMES = ["01_encoder_decoder_rnn", "02_attention_alignment", "03_transformer",
-         "04_translate_multi30k", "05_decomposable_attention"]
+         "04_translate_multi30k", "05_decomposable_attention", "06_pretrained_opus_mt"]
 PLACEHOLDER_OR_URL = re.compile(r'^REPO_URL = "(https://github\.com/[^"]+)"', re.M)
 # Model and training logic lives in the library: a notebook that needs these is doing its work.
 FORBIDDEN_MODULES = ("matplotlib", "flax", "optax", "orbax", "grain", "tensorflow_datasets",

@@ -74,3 +74,42 @@ def test_beam_search_and_overrides(translator):
 def test_bad_settings_are_rejected(translator):
   with pytest.raises(ValueError, match="exceeds the model's max_len=48"):
     Translator(translator.model, translator.params, translator.tokenizer, max_source_len=64)
+
+
+def test_score_is_the_float64_sum_of_target_logprobs(translator):
+  """Forced decoding against a NumPy float64 log-softmax of the teacher-forced logits."""
+  import numpy as np
+  targets = ["A dog.", "Two men are sitting on a bench in front of a red house.", "Kids."]
+  scores = translator.score(SENTENCES[:3], targets)
+  for source, target, score in zip(SENTENCES[:3], targets, scores):
+    source_ids = translator.tokenizer.encode_source([source])[0]
+    target_ids = translator.tokenizer.encode_target([target])[0]
+    logits = np.asarray(translator.model.apply(
+        {"params": translator.params}, jnp.array([source_ids], jnp.int32),
+        jnp.array([target_ids], jnp.int32))[0], np.float64)
+    logprobs = logits - logits.max(-1, keepdims=True)
+    logprobs -= np.log(np.exp(logprobs).sum(-1, keepdims=True))
+    expected = logprobs[np.arange(len(target_ids)), target_ids].sum()
+    np.testing.assert_allclose(score, expected, rtol=1e-5, atol=1e-4)
+  # Padding and batching do not change a pair's score.
+  assert translator.score(SENTENCES[1:2], targets[1:2])[0] == pytest.approx(scores[1], abs=1e-4)
+
+
+def test_greedy_score_equals_the_score_of_its_own_output(translator):
+  """generate's greedy total log-probability is forced decoding of the same ids."""
+  import numpy as np
+  ids = translator.encode([SENTENCES[2]])[0]
+  inputs = jnp.array([ids + [0] * (16 - len(ids))], jnp.int32)
+  tokens, scores = generate(translator.model, translator.params, inputs,
+                            DecodeConfig(max_decode_len=12))
+  row = [int(t) for t in np.asarray(tokens)[0] if t != 0]
+  logits = translator.model.apply({"params": translator.params}, inputs,
+                                  jnp.array([row], jnp.int32))
+  logprobs = np.asarray(jax.nn.log_softmax(logits[0]), np.float64)
+  np.testing.assert_allclose(float(scores[0]), logprobs[np.arange(len(row)), row].sum(),
+                             atol=1e-4)
+
+
+def test_score_needs_one_target_per_source(translator):
+  with pytest.raises(ValueError, match="one target per source"):
+    translator.score(SENTENCES[:2], ["A dog."])
