@@ -18,6 +18,7 @@ from seq2seq_jax.configs import RNNConfig as RNNConfig
 from seq2seq_jax.configs import TrainConfig as TrainConfig
 from seq2seq_jax.configs import TransformerConfig as TransformerConfig
 from seq2seq_jax.decoding import StepFn as StepFn
+from seq2seq_jax.decoding import TokenRules as TokenRules
 from seq2seq_jax.decoding import beam_search as beam_search
 from seq2seq_jax.decoding import decode_length as decode_length
 from seq2seq_jax.decoding import expand_to_beams as expand_to_beams
@@ -27,6 +28,7 @@ from seq2seq_jax.decoding import greedy_search as greedy_search
 from seq2seq_jax.decoding import length_penalty as length_penalty
 from seq2seq_jax.decoding import sample as sample
 from seq2seq_jax.models.base import shift_right as shift_right
+from seq2seq_jax.models.base import special_ids as special_ids
 from seq2seq_jax.models.decomposable import DecomposableAttention as DecomposableAttention
 from seq2seq_jax.models.registry import build_model as build_model
 from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq as RNNSeq2Seq
@@ -42,6 +44,7 @@ _LAZY = {
     "benchmarking": None,
     "data": None,
     "evaluation": None,
+    "pretrained": None,
     "visualization": None,
     "Translator": "seq2seq_jax.translator",
     "train": "seq2seq_jax.training.loop",
@@ -91,8 +94,10 @@ __all__ = [
     "DecomposableAttention",
     "build_model",
     "shift_right",
+    "special_ids",
     # decoding
     "StepFn",
+    "TokenRules",
     "beam_search",
     "decode_length",
     "expand_to_beams",
@@ -123,6 +128,7 @@ __all__ = [
     "data",
     "decoding",
     "evaluation",
+    "pretrained",
     "types",
     "visualization",
 ]

@@ -17,10 +17,12 @@ from seq2seq_jax.decoding.greedy import greedy_search as greedy_search
 from seq2seq_jax.decoding.sampling import sample as sample
 from seq2seq_jax.decoding.sampling import sample_logprobs as sample_logprobs
 from seq2seq_jax.decoding.step import StepFn as StepFn
+from seq2seq_jax.decoding.step import TokenRules as TokenRules
 
 __all__ = [
     "BeamState",
     "StepFn",
+    "TokenRules",
     "beam_search",
     "decode_length",
     "expand_to_beams",

@@ -108,9 +108,11 @@ def test_greedy_translations_equal_transformers_generate(family):
     expected += hf_tokenizer.batch_decode(out, skip_special_tokens=True)
   mismatches = [(i, a, b) for i, (a, b) in enumerate(zip(ours, expected)) if a != b]
   assert not mismatches, mismatches[:5]
-  # The outputs are real sentences, not runs to the length limit.
-  lengths = [len(t.split()) for t in ours]
-  assert 5 < np.mean(lengths) < 30, np.mean(lengths)
+  if name != "nllb":  # the briefly trained NLLB checkpoint only checks files and shapes
+    # Real sentences that follow their sources, not runs to the length limit.
+    lengths = [len(t.split()) for t in ours]
+    assert 5 < np.mean(lengths) < 30, np.mean(lengths)
+    assert len(set(ours)) > 0.1 * len(ours), len(set(ours))
 
 
 def _hf_sequence_logprobs(hf_model, input_ids, attention_mask, labels, skip):
