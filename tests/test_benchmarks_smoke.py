@@ -85,3 +85,17 @@ def test_compare_pytorch_quick(tmp_path):
   # Every peer produced the forced output length.
   lengths = {r["output_len"] for r in payload["rows"] if r["task"] != "train"}
   assert lengths == {payload["settings"]["output_len"]}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TORCH and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
+                    reason="pretrained_opus_mt needs torch, transformers and ctranslate2")
+def test_pretrained_opus_mt_quick(tmp_path):
+  payload = _run("pretrained_opus_mt", tmp_path)
+  _check_rows(payload["rows"], "tokens/s")
+  systems = {(r["task"], r["system"]) for r in payload["rows"]}
+  for task in ("greedy batch 32", "beam4 batch 32", "greedy batch 1", "beam4 batch 1"):
+    assert {(task, s) for s in ("seq2seq_jax", "HF generate", "CTranslate2")} <= systems
+  # The same weights give the same greedy tokens in all three runtimes.
+  for batch in payload["agreement"].values():
+    assert batch["HF identical rows"] == 1.0 and batch["CTranslate2 identical rows"] == 1.0
