@@ -6,6 +6,7 @@ from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree
 
@@ -93,10 +94,17 @@ def next_token_logprobs(step_fn: StepFn, tokens_N: Array, cache: PyTree, *, step
   rows = tokens_N.shape[0]
   if logits_NV.ndim != 2 or logits_NV.shape[0] != rows:
     raise ValueError(f"step_fn must return logits [N={rows}, V]; got shape {logits_NV.shape}")
-  logprobs_NV = jax.nn.log_softmax(logits_NV.astype(jnp.float32), axis=-1)
-  never = never_emitted(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, rules=rules)
-  logprobs_NV = logprobs_NV.at[:, never].set(NEG_INF)
-  ids_1V = jnp.arange(logprobs_NV.shape[-1])[None, :]
+  logits_NV = logits_NV.astype(jnp.float32)
+  vocab = logits_NV.shape[-1]
+  # x - logsumexp(x), and the never-emitted ids masked by a where over a constant [V] mask
+  # rather than scattered: XLA's CPU backend then fuses all of it with the search's own
+  # elementwise work; log_softmax and a scatter cost 1.5x as much at a 58k vocabulary.
+  logprobs_NV = logits_NV - jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)
+  never_V = np.zeros((vocab,), bool)
+  never_V[[i for i in never_emitted(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, rules=rules)
+           if i < vocab]] = True
+  logprobs_NV = jnp.where(never_V[None, :], NEG_INF, logprobs_NV)
+  ids_1V = jnp.arange(vocab)[None, :]
   if rules.forced_bos_id is not None:
     forced_1V = jnp.where(ids_1V == rules.forced_bos_id, 0.0, NEG_INF)
     logprobs_NV = jnp.where(step == 0, forced_1V, logprobs_NV)
