@@ -310,23 +310,6 @@ def compare_generation(s: dict, benchmarking) -> list[dict]:
   return rows
 
 
-def plot(rows: list[dict], path: pathlib.Path) -> None:
-  import matplotlib  # noqa: PLC0415 (plots are optional)
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-
-  tasks = list(dict.fromkeys(r["task"] for r in rows))
-  fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.5), squeeze=False)
-  for ax, task in zip(axes[0], tasks):
-    points = [r for r in rows if r["task"] == task]
-    ax.barh([r["system"] for r in points], [r["tokens/s"] for r in points])
-    ax.set_title(task)
-    ax.set_xlabel("target tokens / s" if task == "train" else "generated tokens / s")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "compare_pytorch.json")
@@ -378,7 +361,9 @@ def main() -> None:
                                             "threshold_malloc": THRESHOLD_MALLOC, "rows": rows})
   print(f"wrote {path}")
   if args.plot:
-    plot(rows, args.plot)
+    benchmarking.plot_rates_by_task(
+        rows, args.plot,
+        xlabel=lambda task: "target tokens / s" if task == "train" else "generated tokens / s")
     print(f"wrote {args.plot}")
 
 

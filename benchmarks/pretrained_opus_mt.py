@@ -145,19 +145,7 @@ def main() -> None:
       "agreement": agreement, "rows": rows})
   print(f"wrote {path}")
   if args.plot:
-    import matplotlib  # noqa: PLC0415
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks), 3.2), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-      points = [r for r in rows if r["task"] == task]
-      ax.barh([r["system"] for r in points], [r["tokens/s"] for r in points])
-      ax.set_title(task)
-      ax.set_xlabel("generated tokens / s")
-    fig.tight_layout()
-    fig.savefig(args.plot, dpi=120)
-    plt.close(fig)
+    benchmarking.plot_rates_by_task(rows, args.plot)
     print(f"wrote {args.plot}")
 
 

@@ -426,6 +426,26 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
   return "\n".join(lines)
 
 
+def plot_rates_by_task(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *,
+                       rate_key: str = "tokens/s",
+                       xlabel: Callable[[str], str] = lambda task: "generated tokens / s") -> None:
+  """One horizontal bar chart per ``row["task"]``: ``row[rate_key]`` of each ``row["system"]``."""
+  import matplotlib  # noqa: PLC0415 (plots are optional)
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  tasks = list(dict.fromkeys(r["task"] for r in rows))
+  fig, axes = plt.subplots(1, len(tasks), figsize=(3.8 * len(tasks), 3.4), squeeze=False)
+  for ax, task in zip(axes[0], tasks):
+    points = [r for r in rows if r["task"] == task]
+    ax.barh([r["system"] for r in points], [r[rate_key] for r in points])
+    ax.set_title(task)
+    ax.set_xlabel(xlabel(task))
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> pathlib.Path:
   """Writes ``payload`` plus ``machine_info()`` as indented JSON; returns the path."""
   path = pathlib.Path(path)

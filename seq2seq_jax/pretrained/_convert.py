@@ -10,11 +10,61 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from seq2seq_jax.configs import TransformerConfig
+
+
+# transformers' activation names -> TransformerConfig.activation.
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh", "swish": "swish", "silu": "swish"}
+
+
+def field(hf: dict[str, Any], name: str, defaults: dict[str, Any]) -> Any:
+  value = hf.get(name)
+  return defaults[name] if value is None else value
+
+
+def same_in_both(hf: dict[str, Any], encoder: str, decoder: str, defaults: dict[str, Any],
+                 source: pathlib.Path) -> Any:
+  value, other = field(hf, encoder, defaults), field(hf, decoder, defaults)
+  if value != other:
+    raise ValueError(f"{source}: {encoder}={value} but {decoder}={other}; this library's "
+                     "Transformer gives encoder and decoder the same width and heads")
+  return value
+
+
+def activation(hf: dict[str, Any], defaults: dict[str, Any], source: pathlib.Path) -> str:
+  name = field(hf, "activation_function", defaults)
+  if name not in ACTIVATIONS:
+    raise ValueError(f"{source}: activation_function={name!r} is not supported; supported: "
+                     f"{', '.join(ACTIVATIONS)}")
+  return ACTIVATIONS[name]
+
+
+def bart_fields(hf: dict[str, Any], defaults: dict[str, Any],
+                source: pathlib.Path) -> dict[str, Any]:
+  """The ``TransformerConfig`` fields every BART-layout config.json gives the same way."""
+  d = defaults
+  return dict(
+      model_dim=field(hf, "d_model", d),
+      num_heads=same_in_both(hf, "encoder_attention_heads", "decoder_attention_heads", d, source),
+      num_encoder_layers=field(hf, "encoder_layers", d),
+      num_decoder_layers=field(hf, "decoder_layers", d),
+      mlp_dim=same_in_both(hf, "encoder_ffn_dim", "decoder_ffn_dim", d, source),
+      dropout_rate=float(field(hf, "dropout", d)),
+      attention_dropout_rate=float(field(hf, "attention_dropout", d)),
+      activation_dropout_rate=float(field(hf, "activation_dropout", d)),
+      max_len=field(hf, "max_position_embeddings", d),
+      tie_output=bool(field(hf, "tie_word_embeddings", d)),
+      activation=activation(hf, d, source),
+      scale_embeddings=bool(field(hf, "scale_embedding", d)),
+      layer_norm_epsilon=1e-5,  # PyTorch's nn.LayerNorm default, which both families keep
+      pad_id=field(hf, "pad_token_id", d),
+      decoder_start_id=field(hf, "decoder_start_token_id", d),
+      eos_id=field(hf, "eos_token_id", d))
 
 
 @dataclasses.dataclass(frozen=True)

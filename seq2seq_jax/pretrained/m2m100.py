@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from seq2seq_jax.configs import TransformerConfig
-from seq2seq_jax.pretrained._convert import Rule, bart_rules, embedding_rules
-from seq2seq_jax.pretrained.marian import activation, field, same_in_both
+from seq2seq_jax.pretrained._convert import (Rule, bart_fields, bart_rules, embedding_rules,
+                                             field)
 
 MODEL_TYPE = "m2m_100"
 ARCHITECTURES = ("M2M100ForConditionalGeneration",)
@@ -34,30 +34,14 @@ DEFAULTS = {"vocab_size": 128112, "d_model": 1024, "encoder_layers": 12, "decode
 def transformer_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
   """The ``TransformerConfig`` of an M2M100 / NLLB ``config.json``."""
   d = DEFAULTS
-  pad = field(hf, "pad_token_id", d)
   return TransformerConfig(
       vocab_size=field(hf, "vocab_size", d),
-      model_dim=field(hf, "d_model", d),
-      num_heads=same_in_both(hf, "encoder_attention_heads", "decoder_attention_heads", d, source),
-      num_encoder_layers=field(hf, "encoder_layers", d),
-      num_decoder_layers=field(hf, "decoder_layers", d),
-      mlp_dim=same_in_both(hf, "encoder_ffn_dim", "decoder_ffn_dim", d, source),
-      dropout_rate=float(field(hf, "dropout", d)),
-      attention_dropout_rate=float(field(hf, "attention_dropout", d)),
-      activation_dropout_rate=float(field(hf, "activation_dropout", d)),
-      max_len=field(hf, "max_position_embeddings", d),
       positions="sinusoidal_fairseq",
-      position_offset=pad + 1,
+      position_offset=field(hf, "pad_token_id", d) + 1,
       norm="pre",
       share_embeddings=True,
-      tie_output=bool(field(hf, "tie_word_embeddings", d)),
-      activation=activation(hf, d, source),
-      scale_embeddings=bool(field(hf, "scale_embedding", d)),
-      layer_norm_epsilon=1e-5,
-      pad_id=pad,
-      decoder_start_id=field(hf, "decoder_start_token_id", d),
-      eos_id=field(hf, "eos_token_id", d),
-      dtype=dtype)
+      dtype=dtype,
+      **bart_fields(hf, d, source))
 
 
 def rules(config: TransformerConfig, tensors: dict[str, np.ndarray] | None) -> list[Rule]:

@@ -17,7 +17,8 @@ import numpy as np
 
 from seq2seq_jax.configs import TransformerConfig
 from seq2seq_jax.layers.embeddings import position_table
-from seq2seq_jax.pretrained._convert import Rule, bart_rules, embedding_rules
+from seq2seq_jax.pretrained._convert import (Rule, bart_fields, bart_rules, embedding_rules,
+                                             field)
 
 MODEL_TYPE = "marian"
 ARCHITECTURES = ("MarianMTModel",)
@@ -32,33 +33,6 @@ DEFAULTS = {"vocab_size": 58101, "decoder_vocab_size": None, "d_model": 1024,
             "decoder_start_token_id": 58100, "share_encoder_decoder_embeddings": True,
             "tie_word_embeddings": True}
 
-# transformers' activation names -> TransformerConfig.activation.
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh", "swish": "swish", "silu": "swish"}
-
-
-def field(hf: dict[str, Any], name: str, defaults: dict[str, Any]) -> Any:
-  value = hf.get(name)
-  return defaults[name] if value is None else value
-
-
-def same_in_both(hf: dict[str, Any], encoder: str, decoder: str, defaults: dict[str, Any],
-                 source: pathlib.Path) -> Any:
-  value, other = field(hf, encoder, defaults), field(hf, decoder, defaults)
-  if value != other:
-    raise ValueError(f"{source}: {encoder}={value} but {decoder}={other}; this library's "
-                     "Transformer gives encoder and decoder the same width and heads")
-  return value
-
-
-def activation(hf: dict[str, Any], defaults: dict[str, Any], source: pathlib.Path) -> str:
-  name = field(hf, "activation_function", defaults)
-  if name not in ACTIVATIONS:
-    raise ValueError(f"{source}: activation_function={name!r} is not supported; supported: "
-                     f"{', '.join(ACTIVATIONS)}")
-  return ACTIVATIONS[name]
-
-
 def transformer_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
   """The ``TransformerConfig`` of a Marian ``config.json`` (``source`` names it in errors)."""
   d = DEFAULTS
@@ -71,27 +45,12 @@ def transformer_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> 
   return TransformerConfig(
       vocab_size=vocab,
       target_vocab_size=0 if shared else target_vocab,
-      model_dim=field(hf, "d_model", d),
-      num_heads=same_in_both(hf, "encoder_attention_heads", "decoder_attention_heads", d, source),
-      num_encoder_layers=field(hf, "encoder_layers", d),
-      num_decoder_layers=field(hf, "decoder_layers", d),
-      mlp_dim=same_in_both(hf, "encoder_ffn_dim", "decoder_ffn_dim", d, source),
-      dropout_rate=float(field(hf, "dropout", d)),
-      attention_dropout_rate=float(field(hf, "attention_dropout", d)),
-      activation_dropout_rate=float(field(hf, "activation_dropout", d)),
-      max_len=field(hf, "max_position_embeddings", d),
       positions="sinusoidal_marian",
       norm="post",
       share_embeddings=shared,
-      tie_output=bool(field(hf, "tie_word_embeddings", d)),
       output_bias=bool(field(hf, "tie_word_embeddings", d)),
-      activation=activation(hf, d, source),
-      scale_embeddings=bool(field(hf, "scale_embedding", d)),
-      layer_norm_epsilon=1e-5,
-      pad_id=field(hf, "pad_token_id", d),
-      decoder_start_id=field(hf, "decoder_start_token_id", d),
-      eos_id=field(hf, "eos_token_id", d),
-      dtype=dtype)
+      dtype=dtype,
+      **bart_fields(hf, d, source))
 
 
 def rules(config: TransformerConfig, tensors: dict[str, np.ndarray] | None) -> list[Rule]:
