@@ -7,6 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from seq2seq_jax.decoding import selection
 from seq2seq_jax.decoding.step import (StepFn, TokenRules, check_cache, check_decode_args,
                                        next_token_logprobs)
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree
@@ -184,8 +185,8 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
     # Clamped so a dead beam's candidates stay at NEG_INF instead of drifting lower.
     candidates_BWV = jnp.maximum(
         state.live_logprobs_BW[:, :, None] + logprobs_NV.reshape(batch, width, vocab), NEG_INF)
-    top_logprobs_BC, top_ids_BC = jax.lax.top_k(candidates_BWV.reshape(batch, width * vocab),
-                                                2 * width)
+    top_logprobs_BC, top_ids_BC = selection.top_k(candidates_BWV.reshape(batch, width * vocab),
+                                                   2 * width)
     top_beams_BC = top_ids_BC // vocab
     top_tokens_BC = (top_ids_BC % vocab).astype(jnp.int32)
     top_seqs_BCT = gather_beams(state.live_seqs_BWT, top_beams_BC, flat=False)

@@ -7,6 +7,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from seq2seq_jax.decoding import selection
 from seq2seq_jax.decoding.step import (StepFn, TokenRules, check_cache, check_decode_args,
                                        next_token_logprobs)
 from seq2seq_jax.types import PAD_ID, Array, PRNGKey, PyTree
@@ -104,10 +105,10 @@ def greedy_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, max_decode
     Array([[2, 0, 0],
            [2, 0, 0]], dtype=int32)
   """
-  def argmax(logprobs_BV: Array, rng: None) -> Array:
+  def choose_best(logprobs_BV: Array, rng: None) -> Array:
     del rng
-    return jnp.argmax(logprobs_BV, axis=-1)
+    return selection.argmax(logprobs_BV)
 
-  return decode_one_token_at_a_time(step_fn, cache, argmax, rng=None,
+  return decode_one_token_at_a_time(step_fn, cache, choose_best, rng=None,
                                     batch_size=batch_size, max_decode_len=max_decode_len,
                                     bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, rules=rules)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from seq2seq_jax.decoding import selection
 from seq2seq_jax.decoding.greedy import decode_one_token_at_a_time
 from seq2seq_jax.decoding.step import StepFn, TokenRules
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PRNGKey, PyTree
@@ -26,14 +27,14 @@ def sample_logprobs(logprobs_NV: Array, *, rng: PRNGKey, temperature: float = 1.
     int32 token ids ``[N]``.
   """
   if temperature == 0.0:
-    return jnp.argmax(logprobs_NV, axis=-1).astype(jnp.int32)
+    return selection.argmax(logprobs_NV)
   scaled_NV = logprobs_NV / temperature
   vocab = scaled_NV.shape[-1]
   k = min(top_k, vocab) if top_k > 0 else (vocab if top_p < 1.0 else 0)
   if k == 0:
     return jax.random.categorical(rng, scaled_NV, axis=-1).astype(jnp.int32)
   # Sample among the k best, sorted descending; index back into the vocabulary.
-  kept_NK, ids_NK = jax.lax.top_k(scaled_NV, k)
+  kept_NK, ids_NK = selection.top_k(scaled_NV, k)
   if top_p < 1.0:
     probs_NK = jax.nn.softmax(kept_NK, axis=-1)
     before_NK = jnp.cumsum(probs_NK, axis=-1) - probs_NK  # mass of the better tokens

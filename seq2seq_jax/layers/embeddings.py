@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -86,6 +87,34 @@ class TokenEmbedding(nn.Module):
     return output_logits(x_BTD, self.table.astype(self.dtype))
 
 
+# Up to this many rows (a decoding step's batch, times beams) logits are computed as
+# (E x^T)^T: with the large table as the left operand XLA's CPU dot streams it instead
+# of repacking all of it for a few rows. At 58,101 x 512, with the log-softmax that
+# follows, per 1 / 4 / 32 / 64 / 128 rows: 7.8x / 1.65x / 1.28x / 0.94x / 0.67x the
+# speed of x E^T (CPU time, this project's 2-core Zen 4): past ~48 rows the reductions
+# over the transposed result cost more than the dot saves.
+TRANSPOSED_LOGITS_MAX_ROWS = 32
+
+
+def vocab_logits(x_BTD: Array, weight: Array, *, weight_axes: str = "VD") -> Array:
+  """Float32 logits ``[..., V]`` of ``x_BTD [..., D]`` against a ``[V, D]`` (or ``[D, V]``) matrix.
+
+  Plain contraction, the operand order chosen for XLA's CPU dot by the number of
+  rows (``TRANSPOSED_LOGITS_MAX_ROWS``); any order gives the same products.
+  """
+  if weight_axes not in ("VD", "DV"):
+    raise ValueError(f"weight_axes={weight_axes!r}: must be 'VD' or 'DV'")
+  rows = math.prod(x_BTD.shape[:-1])
+  if rows > TRANSPOSED_LOGITS_MAX_ROWS:
+    return jnp.einsum(f"...D,{weight_axes}->...V", x_BTD, weight,
+                      preferred_element_type=jnp.float32)
+  x_ND = x_BTD.reshape(rows, x_BTD.shape[-1])
+  logits_VN = jnp.einsum(f"{weight_axes},ND->VN", weight, x_ND, preferred_element_type=jnp.float32)
+  # Without the barrier XLA folds the transpose back into the dot, operands swapped.
+  logits_VN = jax.lax.optimization_barrier(logits_VN)
+  return logits_VN.T.reshape(*x_BTD.shape[:-1], logits_VN.shape[0])
+
+
 @jax.custom_vjp
 def output_logits(x_BTD: Array, table_VD: Array) -> Array:
   """Float32 logits ``x @ E^T`` ``[B, T, V]`` against a ``[V, D]`` token table.
@@ -95,9 +124,9 @@ def output_logits(x_BTD: Array, table_VD: Array) -> Array:
   logit gradient transposed, and XLA's CPU backend then copies that largest
   array of the step into [V, B*T] order (about a tenth of a T-small training
   step). Here the table gradient is ``(x^T g)^T``: only the small ``x`` and the
-  [D, V] product are transposed.
+  [D, V] product are transposed. The forward product is ``vocab_logits``.
   """
-  return jnp.einsum("BTD,VD->BTV", x_BTD, table_VD, preferred_element_type=jnp.float32)
+  return vocab_logits(x_BTD, table_VD)
 
 
 def _output_logits_fwd(x_BTD: Array, table_VD: Array) -> tuple[Array, tuple[Array, Array]]:
@@ -115,6 +144,27 @@ def _output_logits_bwd(residuals: tuple[Array, Array], g_BTV: Array) -> tuple[Ar
 
 
 output_logits.defvjp(_output_logits_fwd, _output_logits_bwd)
+
+
+class VocabProjection(nn.Module):
+  """A dense output layer ``x W + b`` onto the vocabulary, float32 logits.
+
+  ``nn.Dense``'s parameters (``kernel`` [D, V], ``bias`` [V]) and initializers, so
+  checkpoints of either load into the other; the product is ``vocab_logits``,
+  which streams the kernel when only a few rows are projected (a decoding step).
+  """
+
+  features: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BTD: Array) -> Array:
+    kernel_DV = self.param("kernel", nn.initializers.lecun_normal(),
+                           (x_BTD.shape[-1], self.features), jnp.float32)
+    bias_V = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+    x_BTD, kernel_DV = nn.dtypes.promote_dtype(x_BTD, kernel_DV, dtype=self.dtype)
+    logits = vocab_logits(x_BTD, kernel_DV, weight_axes="DV")
+    return logits + bias_V.reshape((1,) * (logits.ndim - 1) + bias_V.shape)
 
 
 class PositionEmbedding(nn.Module):

@@ -28,7 +28,7 @@ from seq2seq_jax.configs import TransformerConfig, compute_dtype
 from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
                                           make_padding_mask)
 from seq2seq_jax.layers.dropout import Dropout
-from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding
+from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding, VocabProjection
 from seq2seq_jax.layers.feedforward import FeedForward
 from seq2seq_jax.models.base import check_decode_len, shift_right
 from seq2seq_jax.types import Array, PyTree
@@ -175,8 +175,8 @@ class Transformer(nn.Module):
       self.encoder_norm = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=dtype)
       self.decoder_norm = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=dtype)
     if not c.tie_output:
-      self.output_projection = nn.Dense(c.output_vocab_size, dtype=dtype,
-                                        name="output_projection")
+      self.output_projection = VocabProjection(c.output_vocab_size, dtype=dtype,
+                                               name="output_projection")
     elif c.output_bias:
       self.output_bias = self.param("output_bias", nn.initializers.zeros,
                                     (c.output_vocab_size,), jnp.float32)
@@ -218,7 +218,7 @@ class Transformer(nn.Module):
     if self.config.tie_output:
       logits_BTV = self.target_embedding.attend(y_BTD)
       return logits_BTV + self.output_bias[None, None, :] if self.config.output_bias else logits_BTV
-    return self.output_projection(y_BTD).astype(jnp.float32)
+    return self.output_projection(y_BTD)
 
   def decode(self, memory: PyTree, targets_BT: Array, *, deterministic: bool = True,
              return_attention: bool = False):

@@ -1,11 +1,13 @@
-"""The tied output projection's custom VJP against autodiff of the plain einsum."""
+"""The output projections: the tied custom VJP against autodiff, both operand orders, the dense layer."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq_jax.layers.embeddings import output_logits
+from seq2seq_jax.layers.embeddings import (TRANSPOSED_LOGITS_MAX_ROWS, VocabProjection,
+                                             output_logits, vocab_logits)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
@@ -29,3 +31,34 @@ def test_output_logits_gradients_match_autodiff(dtype, tolerance):
     assert g.dtype == w.dtype == dtype
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
                                rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("rows", [1, 4, TRANSPOSED_LOGITS_MAX_ROWS, TRANSPOSED_LOGITS_MAX_ROWS + 1])
+@pytest.mark.parametrize("weight_axes", ["VD", "DV"])
+def test_vocab_logits_against_float64(rows, weight_axes):
+  # Both operand orders (few rows: the table on the left) give the same logits.
+  rng = np.random.default_rng(rows)
+  x_ND = rng.normal(size=(rows, 16)).astype(np.float32)
+  table_VD = rng.normal(size=(37, 16)).astype(np.float32)
+  weight = table_VD if weight_axes == "VD" else table_VD.T.copy()
+  got = jax.jit(vocab_logits, static_argnames="weight_axes")(
+      jnp.asarray(x_ND[:, None]), jnp.asarray(weight), weight_axes=weight_axes)
+  assert got.shape == (rows, 1, 37) and got.dtype == jnp.float32
+  want = x_ND.astype(np.float64) @ table_VD.astype(np.float64).T
+  np.testing.assert_allclose(np.asarray(got)[:, 0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+def test_vocab_projection_is_a_dense_layer(rows):
+  # Same parameters (names, shapes, initial values) and outputs as nn.Dense: checkpoints
+  # written with either load into the other.
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(rows, 2, 8)), jnp.float32)
+  ours = VocabProjection(13)
+  dense = nn.Dense(13)
+  params = ours.init(jax.random.key(1), x)["params"]
+  dense_params = dense.init(jax.random.key(1), x)["params"]
+  assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, dense_params)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(dense_params)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(ours.apply({"params": params}, x),
+                             dense.apply({"params": params}, x), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,111 @@
+"""Exact argmax and top-k over long last axes, in two stages: block maxima, then one block each.
+
+``jnp.argmax`` and ``lax.top_k`` over a 58,101-id vocabulary are among the dearest
+operations of a decoding step on XLA's CPU backend: argmax lowers to a two-operand
+(value, index) reduce that does not vectorize (33 ms of CPU time for 128 rows, 20x a
+plain ``max``), and TopK to a custom call that sorts its way through every row. Both
+results are decided by a few blocks: a block that holds one of the k largest values
+has one of the k largest block maxima. So one vectorized ``max`` per block finds the
+candidate blocks, and the exact answer is taken among their elements only (128 rows of
+58,101: argmax 33 -> 4 ms, top-8 of 4 x 58,101 per row 11-16 -> about 4 ms). The
+results equal ``jnp.argmax`` / ``lax.top_k`` exactly, ties (lowest index first) included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from seq2seq_jax.types import Array
+
+# Below this many elements per row the one-stage primitives are as fast.
+_MIN_BLOCKED_LENGTH = 2048
+
+
+def _block_size(length: int, k: int) -> int:
+  """The block width: a divisor of ``length`` near sqrt(length / k) when there is one.
+
+  Both stages then touch few elements (``length / block`` maxima, ``k * block``
+  candidates); a divisor lets the maxima be one reshape and reduce, which XLA's CPU
+  backend runs about twice as fast as the same reduce over a sliced prefix.
+  """
+  ideal = math.sqrt(length / max(k, 1))
+  cost = lambda block: length / block + k * block
+  divisors = [b for b in range(16, min(length, 8192) + 1) if length % b == 0]
+  best = min(divisors, key=cost, default=None)
+  if best is not None and cost(best) <= 2 * cost(ideal):
+    return best
+  return max(64, 1 << math.ceil(math.log2(ideal)))
+
+
+def _block_maxima(x_NM: Array, block: int) -> Array:
+  """``[..., ceil(M / block)]``: the maximum of each block of ``block`` positions."""
+  length = x_NM.shape[-1]
+  full = length // block
+  lead = x_NM.shape[:-1]
+  maxima = x_NM[..., :full * block].reshape(*lead, full, block).max(axis=-1)
+  if length % block:
+    maxima = jnp.concatenate([maxima, x_NM[..., full * block:].max(axis=-1, keepdims=True)],
+                             axis=-1)
+  return maxima
+
+
+def _block_positions(blocks_NJ: Array, block: int, length: int) -> tuple[Array, Array]:
+  """Positions ``[..., J * block]`` of the chosen blocks, clipped, and whether each is real."""
+  offsets = jnp.arange(block, dtype=blocks_NJ.dtype).reshape((1,) * blocks_NJ.ndim + (block,))
+  positions = blocks_NJ[..., :, None] * block + offsets
+  positions = positions.reshape(*blocks_NJ.shape[:-1], -1)
+  return jnp.minimum(positions, length - 1), positions < length
+
+
+def argmax(x_NM: Array) -> Array:
+  """``jnp.argmax(x_NM, axis=-1)``, int32, computed through block maxima.
+
+  The first index of the maximum, for rows without NaN (XLA's CPU reductions do
+  not all propagate NaN, so a row holding one gets an index of no meaning).
+
+  Example:
+    >>> argmax(jnp.array([[0.0, 3.0, 1.0, 3.0]]))
+    Array([1], dtype=int32)
+  """
+  length = x_NM.shape[-1]
+  if length < _MIN_BLOCKED_LENGTH:
+    return jnp.argmax(x_NM, axis=-1).astype(jnp.int32)
+  block = _block_size(length, 1)
+  best_N = jnp.argmax(_block_maxima(x_NM, block), axis=-1).astype(jnp.int32)
+  positions, _ = _block_positions(best_N[..., None], block, length)
+  # Clipped positions repeat the last element after its real position: never first.
+  within_N = jnp.argmax(jnp.take_along_axis(x_NM, positions, axis=-1), axis=-1)
+  return jnp.take_along_axis(positions, within_N[..., None], axis=-1)[..., 0]
+
+
+def top_k(x_NM: Array, k: int) -> tuple[Array, Array]:
+  """``lax.top_k(x_NM, k)``: the k largest values of each row, descending, and their int32 indices.
+
+  Equal values come lowest index first, as in ``lax.top_k``. The k blocks with the
+  largest maxima (ties to the lower block) hold the k largest elements, so the
+  answer is ``lax.top_k`` over those blocks' elements, read in index order. For
+  inputs without NaN.
+
+  Example:
+    >>> top_k(jnp.array([[1.0, 5.0, 5.0, 2.0]]), 2)
+    (Array([[5., 5.]], dtype=float32), Array([[1, 2]], dtype=int32))
+  """
+  length = x_NM.shape[-1]
+  if not isinstance(k, int) or not 0 < k <= length:
+    raise ValueError(f"top_k needs 0 < k <= {length} (the row length); got k={k!r}")
+  block = _block_size(length, k)
+  if length < _MIN_BLOCKED_LENGTH or k * block >= length // 2:
+    values, indices = jax.lax.top_k(x_NM, k)
+    return values, indices.astype(jnp.int32)
+  _, blocks_NK = jax.lax.top_k(_block_maxima(x_NM, block), k)
+  # In index order, so that equal values keep lax.top_k's lowest-index-first order.
+  blocks_NK = jnp.sort(blocks_NK.astype(jnp.int32), axis=-1)
+  positions, real = _block_positions(blocks_NK, block, length)
+  candidates = jnp.take_along_axis(x_NM, positions, axis=-1)
+  # Padding of the last block sorts after every real element, -inf ones included.
+  candidates = jnp.where(real, candidates, -jnp.inf)
+  values, picked = jax.lax.top_k(candidates, k)
+  return values, jnp.take_along_axis(positions, picked, axis=-1)

@@ -1,0 +1,77 @@
+"""Two-stage argmax and top-k against jnp.argmax and lax.top_k, ties and infinities included."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seq2seq_jax.decoding import selection
+
+# Row lengths: below the blocked threshold, with a divisor near sqrt (58101 = 181 x 321,
+# the OPUS-MT vocabulary), a power of two, and a prime (no divisor: sliced blocks).
+LENGTHS = [37, 2048 + 5 * 7, 58101, 8192, 5003]
+
+
+def _rows(rng, length, *, ties: bool) -> np.ndarray:
+  """Five rows: random floats, or a few distinct values (many ties across blocks)."""
+  if ties:
+    rows = rng.integers(0, 4, size=(5, length)).astype(np.float32)
+  else:
+    rows = rng.standard_normal((5, length)).astype(np.float32)
+  rows[1, :] = -np.inf  # nothing finite
+  rows[2, : length // 2] = -np.inf
+  rows[3, -1] = rows[3].max() + 1  # the maximum in the last (possibly partial) block
+  return rows
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_argmax_equals_jnp_argmax(length, ties):
+  x = jnp.asarray(_rows(np.random.default_rng(length), length, ties=ties))
+  got = jax.jit(selection.argmax)(x)
+  np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
+  assert got.dtype == jnp.int32
+
+
+def test_argmax_keeps_leading_axes():
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 3, 4099)).astype(np.float32))
+  np.testing.assert_array_equal(selection.argmax(x), jnp.argmax(x, axis=-1))
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("k", [1, 2, 8, 13])
+def test_top_k_equals_lax_top_k(length, ties, k):
+  x = jnp.asarray(_rows(np.random.default_rng(length + k), length, ties=ties))
+  values, indices = jax.jit(selection.top_k, static_argnums=1)(x, k)
+  want_values, want_indices = jax.lax.top_k(x, k)
+  np.testing.assert_array_equal(values, want_values)
+  np.testing.assert_array_equal(indices, want_indices)
+  assert indices.dtype == jnp.int32
+
+
+def test_top_k_ties_go_to_the_lowest_index_across_blocks():
+  # Equal values in many blocks: the k chosen must be the first k positions holding them,
+  # which a block choice that ignored the blocks' order would miss.
+  length = 58101
+  x = np.zeros((1, length), np.float32)
+  x[0, ::997] = 5.0
+  values, indices = selection.top_k(jnp.asarray(x), 8)
+  np.testing.assert_array_equal(indices[0], np.arange(8) * 997)
+  np.testing.assert_array_equal(values[0], np.full(8, 5.0))
+
+
+def test_top_k_over_beams_of_a_vocabulary():
+  # The beam search's call: [B, W * V] candidates, top 2W.
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.standard_normal((4, 4 * 58101)).astype(np.float32))
+  values, indices = selection.top_k(x, 8)
+  want_values, want_indices = jax.lax.top_k(x, 8)
+  np.testing.assert_array_equal(indices, want_indices)
+  np.testing.assert_array_equal(values, want_values)
+
+
+@pytest.mark.parametrize("k", [0, 38, 2.0])
+def test_top_k_rejects_a_k_outside_the_row(k):
+  with pytest.raises(ValueError, match="0 < k <= 37"):
+    selection.top_k(jnp.zeros((2, 37)), k)
