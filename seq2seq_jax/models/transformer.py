@@ -286,6 +286,8 @@ class Transformer(nn.Module):
     for i, layer in enumerate(self.decoder_layers):
       y_B1D, kv = layer.step(y_B1D, kv, index, i, memory["cross_key"][i],
                              memory["cross_value"][i], memory["source_valid"])
+    # Poisoned before the output projection, which spreads the NaN to every logit:
+    # a select over [B, V] here would be one more pass over the step's largest array.
+    y_B1D = jnp.where(index < kv.length, y_B1D, jnp.nan)
     logits_BV = self._logits(y_B1D)[:, 0]
-    logits_BV = jnp.where(index < kv.length, logits_BV, jnp.nan)
     return logits_BV, {"index": index + 1, "self_attention": kv}
