@@ -130,12 +130,15 @@ def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: 
     penalty for beam search), or ``(tokens_BWT, scores_BW)`` best first with ``n_best``.
 
   Example:
+    >>> from seq2seq_jax import Transformer, TransformerConfig
     >>> model = Transformer(TransformerConfig(vocab_size=32, model_dim=16, num_heads=2,
     ...                                       mlp_dim=32, num_encoder_layers=1,
     ...                                       num_decoder_layers=1))
     >>> inputs = jnp.array([[5, 6, 7, 2]])
     >>> params = model.init(jax.random.key(0), inputs, inputs)["params"]
     >>> tokens, scores = generate(model, params, inputs, DecodeConfig(method="beam"))
+    >>> tokens.shape, scores.shape  # the length limit: DecodeConfig's ratio rule for S = 4
+    ((1, 16), (1,))
   """
   return _run(model, params, inputs_BS, decode_config, rng, cached=True, n_best=n_best)
 
