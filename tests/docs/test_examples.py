@@ -47,8 +47,10 @@ def test_markdown_examples(path, workspace, in_workspace, record_property):
   globs: dict = {"__name__": "__main__"}
   for block in blocks:
     if block.is_session:
-      attempted, failure = _run_doctest(examples.markdown_doctest(block, globs))
+      test = examples.markdown_doctest(block, globs)
+      attempted, failure = _run_doctest(test)
       assert not failure, f"{block.where()}:\n{failure}"
+      globs.update(test.globs)  # DocTest ran on a copy; later blocks see its names
     else:
       exec(compile(block.source, block.where(), "exec"), globs)  # noqa: S102
   record_property("examples_markdown", len(blocks))
