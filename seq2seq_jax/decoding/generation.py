@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -14,7 +16,7 @@ from seq2seq_jax.decoding.greedy import greedy_search
 from seq2seq_jax.decoding.sampling import sample
 from seq2seq_jax.decoding.step import StepFn, TokenRules, check_cache
 from seq2seq_jax.models.base import special_ids
-from seq2seq_jax.types import Array, PRNGKey, PyTree
+from seq2seq_jax.types import Array, ArrayLike, PRNGKey, PyTree
 
 
 def decode_length(model: nn.Module, source_len: int, decode_config: DecodeConfig) -> int:
@@ -73,7 +75,7 @@ def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, 
   config = decode_config
   rules = TokenRules(suppress_ids=config.suppress_ids, forced_bos_id=config.forced_bos_id,
                      force_eos_at_limit=config.force_eos_at_limit)
-  common = dict(batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
+  common: dict[str, Any] = dict(batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
                 eos_id=ids.eos_id, pad_id=ids.pad_id, rules=rules)
   if config.method == "beam":
     step_fn = make_step_fn(model, params, expand_to_beams(memory, config.beam_size))
@@ -103,8 +105,8 @@ def _run(model, params, inputs_BS, decode_config, rng, cached, n_best):
                    max_decode_len=max_decode_len, cached=cached, n_best=n_best)
 
 
-def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: DecodeConfig,
-             *, rng: PRNGKey | None = None, n_best: bool = False) -> tuple[Array, Array]:
+def generate(model: nn.Module, params: PyTree, inputs_BS: ArrayLike | Sequence[Sequence[int]],
+             decode_config: DecodeConfig, *, rng: PRNGKey | None = None, n_best: bool = False) -> tuple[Array, Array]:
   """Translates a batch of source ids with a model that follows the model contract.
 
   Encodes, builds the cache (``init_cache``) and a step function closed over the
@@ -116,7 +118,8 @@ def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: 
   Args:
     model: a Linen module with ``encode``, ``init_cache`` and ``decode_step``.
     params: its parameters (the ``"params"`` collection).
-    inputs_BS: int source ids, the model's pad id after each row's EOS.
+    inputs_BS: int source ids (an array or lists of equal length), the model's pad id
+      after each row's EOS.
     decode_config: method, beam size, length penalty, length limit, sampling knobs
       and token rules (forced first token, EOS at the limit, suppressed ids). The
       length limit is ``decode_config.decode_len(S)`` (see ``decode_length``).
@@ -143,7 +146,8 @@ def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: 
   return _run(model, params, inputs_BS, decode_config, rng, cached=True, n_best=n_best)
 
 
-def generate_uncached(model: nn.Module, params: PyTree, inputs_BS: Array,
+def generate_uncached(model: nn.Module, params: PyTree,
+                      inputs_BS: ArrayLike | Sequence[Sequence[int]],
                       decode_config: DecodeConfig, *, rng: PRNGKey | None = None,
                       n_best: bool = False) -> tuple[Array, Array]:
   """``generate`` without a cache: every step re-runs ``decode`` on the whole prefix.

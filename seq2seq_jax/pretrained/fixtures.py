@@ -2,8 +2,8 @@
 
 Each builder trains sentencepiece vocabularies on Multi30k, builds the
 transformers tokenizer from those files, trains a small random-initialised model
-with torch for a few hundred steps and ``save_pretrained``s model, tokenizer and
-generation config: a directory laid out like a published OPUS-MT, M2M100 or
+with torch for a few hundred steps and saves model, tokenizer and generation
+config with ``save_pretrained``: a directory laid out like a published OPUS-MT, M2M100 or
 NLLB-200 checkpoint. torch and transformers are imported inside the builders,
 so this module imports without them.
 
