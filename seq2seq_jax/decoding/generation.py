@@ -75,7 +75,8 @@ def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, 
   config = decode_config
   rules = TokenRules(suppress_ids=config.suppress_ids, forced_bos_id=config.forced_bos_id,
                      force_eos_at_limit=config.force_eos_at_limit)
-  common: dict[str, Any] = dict(batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
+  common: dict[str, Any] = dict(
+      batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
                 eos_id=ids.eos_id, pad_id=ids.pad_id, rules=rules)
   if config.method == "beam":
     step_fn = make_step_fn(model, params, expand_to_beams(memory, config.beam_size))
@@ -106,7 +107,8 @@ def _run(model, params, inputs_BS, decode_config, rng, cached, n_best):
 
 
 def generate(model: nn.Module, params: PyTree, inputs_BS: ArrayLike | Sequence[Sequence[int]],
-             decode_config: DecodeConfig, *, rng: PRNGKey | None = None, n_best: bool = False) -> tuple[Array, Array]:
+             decode_config: DecodeConfig, *, rng: PRNGKey | None = None,
+             n_best: bool = False) -> tuple[Array, Array]:
   """Translates a batch of source ids with a model that follows the model contract.
 
   Encodes, builds the cache (``init_cache``) and a step function closed over the
