@@ -77,7 +77,7 @@ def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, 
                      force_eos_at_limit=config.force_eos_at_limit)
   common: dict[str, Any] = dict(
       batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
-                eos_id=ids.eos_id, pad_id=ids.pad_id, rules=rules)
+      eos_id=ids.eos_id, pad_id=ids.pad_id, rules=rules)
   if config.method == "beam":
     step_fn = make_step_fn(model, params, expand_to_beams(memory, config.beam_size))
     tokens_BWT, scores_BW = beam_search(step_fn, cache, beam_size=config.beam_size,
