@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 
-.PHONY: setup train test test-fast bench bench-quick clean
+.PHONY: setup train test test-fast typecheck docs bench bench-quick clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,17 @@ train: $(STAMP)
 	$(PY) -m seq2seq_jax.cli train --preset $(PRESET) --workdir $(WORKDIR) $(DATA_FLAGS) $(TRAIN_FLAGS)
 	$(PY) -m seq2seq_jax.cli evaluate --workdir $(WORKDIR) --split test_2016_flickr --beam-size 4 --alpha 0.6 --show 3
 
-test: $(STAMP)
+# The type check and the docs build come first: each takes seconds and fails the run.
+test: $(STAMP) typecheck docs
 	$(PY) -m pytest -n 2 --durations=15 tests
+
+# mypy over the public API and a downstream use of it ([tool.mypy] in pyproject.toml).
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+# The API reference (docs/, Sphinx) with every warning an error; HTML in docs/_build/html.
+docs: $(STAMP)
+	$(PY) -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -m "not slow" tests
@@ -49,4 +58,4 @@ bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do SEQ2SEQ_JAX_QUICK=1 $(PY) benchmarks/$$s.py --out /tmp/seq2seq_jax_bench_$$s.json || exit 1; done
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache docs/_build

@@ -345,9 +345,15 @@ class SuppressEOS(nn.Module):
   ``decode`` is masked the same way, so ``generate_uncached`` agrees with ``generate``.
 
   Example:
-    >>> wrapped = SuppressEOS(model)
-    >>> tokens, _ = generate(wrapped, {"model": params}, inputs_BS,
-    ...                      DecodeConfig(max_decode_len=64))  # no EOS, all 64 tokens
+    >>> from seq2seq_jax import DecodeConfig, Transformer, generate
+    >>> model = Transformer(TransformerConfig(vocab_size=32, model_dim=16, num_heads=2,
+    ...                                       mlp_dim=32))
+    >>> inputs_BS = jnp.array([[5, 6, 2]])
+    >>> params = model.init(jax.random.key(0), inputs_BS, inputs_BS)["params"]
+    >>> tokens, _ = generate(SuppressEOS(model), {"model": params}, inputs_BS,
+    ...                      DecodeConfig(max_decode_len=64))
+    >>> int((tokens == EOS_ID).sum()), tokens.shape  # no EOS: all 64 tokens
+    (0, (1, 64))
   """
 
   model: nn.Module

@@ -19,11 +19,17 @@ the best and delete the latest, losing steps on resume). Saves are asynchronous;
 ``wait_until_finished`` (called by ``close``) must run before the process exits.
 
 Example:
-  >>> checkpointer = Checkpointer(workdir / "checkpoints", keep=2)
-  >>> checkpointer.save(state, config=config, tokenizer=tokenizer, data_iterator=iterator,
-  ...                   metrics={"bleu": 21.3})
+  ``train`` saves through ``Checkpointer.save(state, config=config,
+  tokenizer=tokenizer, data_iterator=iterator, metrics={"bleu": ...})``; this
+  reads what it left in ``runs/tiny``, a run of the ``tiny_transformer`` preset:
+
+  >>> checkpointer = Checkpointer("runs/tiny/checkpoints", keep=2)
+  >>> checkpointer.latest_step(), checkpointer.load_config(40).model.model_dim
+  (40, 32)
   >>> checkpointer.close()
-  >>> params, config = load_params(workdir / "checkpoints", step="best")
+  >>> params, config = load_params("runs/tiny/checkpoints", step="best")
+  >>> params["source_embedding"]["embedding"].shape  # [V, D]
+  (500, 32)
 """
 
 from __future__ import annotations
@@ -309,8 +315,13 @@ def load_params(directory: str | os.PathLike, *, step: int | str | None = "lates
     ``(params, config)``: parameters placed as asked, and the saved config.
 
   Example:
-    >>> params, config = load_params("runs/m30k/checkpoints", step="best")
+    >>> import jax.numpy as jnp
+    >>> from seq2seq_jax import build_model
+    >>> params, config = load_params("runs/tiny/checkpoints", step="best")
     >>> model = build_model(config.model)
+    >>> inputs = jnp.array([[5, 6, 2]])
+    >>> model.apply({"params": params}, inputs, inputs).shape  # [B, T, V]
+    (1, 3, 500)
   """
   with Checkpointer(directory, keep=1, async_save=False) as checkpointer:
     step = checkpointer.resolve_step(step)

@@ -4,7 +4,8 @@
 Flags become configs here and nowhere else. Each subcommand is a function
 ``run_NAME(args) -> exit status`` registered by ``_add_NAME(subparsers)``.
 
-Example:
+Example::
+
   seq2seq-jax prepare --dataset multi30k --manual-dir ../shared/data/multi30k/raw
   seq2seq-jax prepare --dataset multi30k  # downloads the official files
   seq2seq-jax prepare --dataset parallel_text --manual-dir my_corpus --source-lang de \\

@@ -44,7 +44,8 @@ def compute_dtype(name: str) -> Any:
   return _DTYPES[name]
 
 
-def _check_special_ids(config: object, vocab_sizes: dict[str, int]) -> None:
+def _check_special_ids(config: TransformerConfig | RNNConfig,
+                       vocab_sizes: dict[str, int]) -> None:
   """pad / decoder start / eos ids must lie in the vocabularies; pad and eos must differ."""
   for field in ("pad_id", "decoder_start_id", "eos_id"):
     value = getattr(config, field)

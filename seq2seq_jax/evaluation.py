@@ -6,7 +6,8 @@ exactly how a number was computed.
 
 Example:
   >>> score = corpus_bleu(["A dog runs ."], ["A dog runs ."])
-  >>> score.score, score.signature  # (100.0, 'nrefs:1|case:mixed|eff:no|tok:13a|...')
+  >>> round(score.score, 2), score.signature
+  (100.0, 'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:...')
 """
 
 from __future__ import annotations

@@ -3,16 +3,16 @@
 Shape-letter glossary. Arrays carry their shape as a suffix (``inputs_BS``,
 ``logits_BTV``) and einsum strings use the same letters:
 
-====== ======================================== ====== ==========================
+====== ========================================= ====== ============================
 letter meaning                                   letter meaning
-====== ======================================== ====== ==========================
+====== ========================================= ====== ============================
 B      batch                                     H      attention heads
 S      source length / key positions             K      per-head width (D = H * K)
 T      target length / query positions           F      feed-forward hidden width
 D      model or RNN width                        V      vocabulary
 W      beam width                                L      layers (stacked caches only)
 N      rows seen by a decoding step (B or B * W) C      classes
-====== ======================================== ====== ==========================
+====== ========================================= ====== ============================
 
 Token ids are fixed across the library and passed to the sentencepiece trainer
 so the vocabulary agrees: PAD 0, BOS 1, EOS 2, UNK 3. Data holds pieces followed

@@ -6,10 +6,14 @@ render with Agg), and a notebook shows the figure when it is the last value of a
 cell or passed to ``display``. Save one with ``figure.savefig(path)``.
 
 Example:
-  >>> translator = Translator.from_workdir("workdirs/multi30k_rnn_attention")
+  >>> from seq2seq_jax import Translator
+  >>> translator = Translator.from_workdir("runs/tiny")  # a run that ``train`` wrote
   >>> alignment = align(translator, "Ein Hund läuft über eine Wiese.")
-  >>> plot_attention(alignment.weights["cross"], alignment.source_tokens,
-  ...                alignment.target_tokens, title=alignment.translation)
+  >>> alignment.weights["cross"].shape  # a Transformer's: [L, H, T, S]
+  (1, 2, 32, 12)
+  >>> figure = plot_attention_grid(alignment.weights["cross"], alignment.source_tokens,
+  ...                              alignment.target_tokens, title=alignment.translation)
+  >>> figure.savefig("alignment.png")
 """
 
 from __future__ import annotations

@@ -41,3 +41,16 @@ def multi30k_tiny() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def multi30k_raw() -> pathlib.Path:
   return shared_data("multi30k", "raw")
+
+
+def pytest_terminal_summary(terminalreporter):
+  """Prints how many docstring and Markdown examples ran (tests/docs/test_examples.py)."""
+  counts: dict[str, int] = {}
+  for report in terminalreporter.stats.get("passed", []):
+    for key, value in getattr(report, "user_properties", []):
+      if key.startswith("examples_"):
+        counts[key] = counts.get(key, 0) + value
+  if counts:
+    terminalreporter.write_line(
+        "examples executed and compared: "
+        + ", ".join(f"{counts[key]} {key.removeprefix('examples_')}" for key in sorted(counts)))

@@ -25,8 +25,11 @@ Evaluation splits keep file order (``disable_shuffling=True``).
 
 Example:
   >>> config = DataConfig(manual_dir="../shared/data/multi30k_tiny", vocab_size=500)
-  >>> pairs = load_split(config, "val")
-  >>> pairs[0]  # ('Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen', 'A group of men ...')
+  >>> pairs = load_split(config, "val")  # prepares the corpus once
+  Downloading and preparing dataset ...
+  >>> pairs[0]
+  ('Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen',
+   'A group of men are loading cotton onto a truck')
 """
 
 from __future__ import annotations

@@ -41,13 +41,19 @@ padded to the smallest bucket that holds it; over-long pairs are truncated (a
 warning), never dropped. ``load_eval_text`` gives the raw sentences for BLEU.
 
 Example:
+  >>> from seq2seq_jax.data.tokenizer import train_tokenizer
   >>> config = DataConfig(manual_dir="../shared/data/multi30k_tiny", vocab_size=500)
-  >>> tokenizer = train_tokenizer(config)
+  >>> tokenizer = train_tokenizer(config)  # prepares the corpus once
+  Downloading and preparing dataset ...
   >>> iterator = make_train_iterator(config, tokenizer, seed=0)
-  >>> batch = next(iterator)  # {"inputs": [B, L], "targets": [B, L], "index": [B], "weights": [B]}
+  >>> batch = next(iterator)
+  >>> sorted(batch), batch["inputs"].shape[0] % config.batch_multiple
+  (['index', 'inputs', 'targets', 'weights'], 0)
   >>> state = iterator.get_state()  # or grain.checkpoint.CheckpointSave(iterator) with orbax
-  >>> for batch in make_eval_batches(config, tokenizer): ...
-  >>> sources, references = load_eval_text(config)
+  >>> rows = sum(int(batch["weights"].sum()) for batch in make_eval_batches(config, tokenizer))
+  >>> text = load_eval_text(config)  # the same split as raw sentences, for BLEU
+  >>> rows == len(text.sources) == len(text.references)
+  True
 """
 
 from __future__ import annotations

@@ -7,11 +7,14 @@ sentence whose characters the vocabulary covers (all of the training text).
 
 Example:
   >>> tokenizer = train_tokenizer(DataConfig(manual_dir="../shared/data/multi30k_tiny",
-  ...                                        vocab_size=500))
+  ...                                        vocab_size=500))  # prepares the corpus once
+  Downloading and preparing dataset ...
   >>> ids = tokenizer.encode("Ein Hund läuft.")  # pieces only; the pipeline appends EOS
   >>> tokenizer.decode(ids + [EOS_ID, PAD_ID])
   'Ein Hund läuft.'
-  >>> tokenizer.save(run_dir / "tokenizer.model"); Tokenizer.load(run_dir / "tokenizer.model")
+  >>> tokenizer.save("run/tokenizer.model")
+  >>> Tokenizer.load("run/tokenizer.model").encode("Ein Hund läuft.") == ids
+  True
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -14,7 +16,7 @@ from seq2seq_jax.decoding.greedy import greedy_search
 from seq2seq_jax.decoding.sampling import sample
 from seq2seq_jax.decoding.step import StepFn, TokenRules, check_cache
 from seq2seq_jax.models.base import special_ids
-from seq2seq_jax.types import Array, PRNGKey, PyTree
+from seq2seq_jax.types import Array, ArrayLike, PRNGKey, PyTree
 
 
 def decode_length(model: nn.Module, source_len: int, decode_config: DecodeConfig) -> int:
@@ -73,8 +75,9 @@ def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, 
   config = decode_config
   rules = TokenRules(suppress_ids=config.suppress_ids, forced_bos_id=config.forced_bos_id,
                      force_eos_at_limit=config.force_eos_at_limit)
-  common = dict(batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
-                eos_id=ids.eos_id, pad_id=ids.pad_id, rules=rules)
+  common: dict[str, Any] = dict(
+      batch_size=batch, max_decode_len=max_decode_len, bos_id=ids.decoder_start_id,
+      eos_id=ids.eos_id, pad_id=ids.pad_id, rules=rules)
   if config.method == "beam":
     step_fn = make_step_fn(model, params, expand_to_beams(memory, config.beam_size))
     tokens_BWT, scores_BW = beam_search(step_fn, cache, beam_size=config.beam_size,
@@ -103,8 +106,9 @@ def _run(model, params, inputs_BS, decode_config, rng, cached, n_best):
                    max_decode_len=max_decode_len, cached=cached, n_best=n_best)
 
 
-def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: DecodeConfig,
-             *, rng: PRNGKey | None = None, n_best: bool = False) -> tuple[Array, Array]:
+def generate(model: nn.Module, params: PyTree, inputs_BS: ArrayLike | Sequence[Sequence[int]],
+             decode_config: DecodeConfig, *, rng: PRNGKey | None = None,
+             n_best: bool = False) -> tuple[Array, Array]:
   """Translates a batch of source ids with a model that follows the model contract.
 
   Encodes, builds the cache (``init_cache``) and a step function closed over the
@@ -116,7 +120,8 @@ def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: 
   Args:
     model: a Linen module with ``encode``, ``init_cache`` and ``decode_step``.
     params: its parameters (the ``"params"`` collection).
-    inputs_BS: int source ids, the model's pad id after each row's EOS.
+    inputs_BS: int source ids (an array or lists of equal length), the model's pad id
+      after each row's EOS.
     decode_config: method, beam size, length penalty, length limit, sampling knobs
       and token rules (forced first token, EOS at the limit, suppressed ids). The
       length limit is ``decode_config.decode_len(S)`` (see ``decode_length``).
@@ -130,17 +135,21 @@ def generate(model: nn.Module, params: PyTree, inputs_BS: Array, decode_config: 
     penalty for beam search), or ``(tokens_BWT, scores_BW)`` best first with ``n_best``.
 
   Example:
+    >>> from seq2seq_jax import Transformer, TransformerConfig
     >>> model = Transformer(TransformerConfig(vocab_size=32, model_dim=16, num_heads=2,
     ...                                       mlp_dim=32, num_encoder_layers=1,
     ...                                       num_decoder_layers=1))
     >>> inputs = jnp.array([[5, 6, 7, 2]])
     >>> params = model.init(jax.random.key(0), inputs, inputs)["params"]
     >>> tokens, scores = generate(model, params, inputs, DecodeConfig(method="beam"))
+    >>> tokens.shape, scores.shape  # the length limit: DecodeConfig's ratio rule for S = 4
+    ((1, 16), (1,))
   """
   return _run(model, params, inputs_BS, decode_config, rng, cached=True, n_best=n_best)
 
 
-def generate_uncached(model: nn.Module, params: PyTree, inputs_BS: Array,
+def generate_uncached(model: nn.Module, params: PyTree,
+                      inputs_BS: ArrayLike | Sequence[Sequence[int]],
                       decode_config: DecodeConfig, *, rng: PRNGKey | None = None,
                       n_best: bool = False) -> tuple[Array, Array]:
   """``generate`` without a cache: every step re-runs ``decode`` on the whole prefix.

@@ -105,7 +105,7 @@ def greedy_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, max_decode
     Array([[2, 0, 0],
            [2, 0, 0]], dtype=int32)
   """
-  def choose_best(logprobs_BV: Array, rng: None) -> Array:
+  def choose_best(logprobs_BV: Array, rng: PRNGKey | None) -> Array:
     del rng
     return selection.argmax(logprobs_BV)
 

@@ -83,7 +83,8 @@ def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
   if not 0.0 < top_p <= 1.0:
     raise ValueError(f"top_p={top_p} must be in (0, 1]")
 
-  def choose(logprobs_BV: Array, step_rng: PRNGKey) -> Array:
+  def choose(logprobs_BV: Array, step_rng: PRNGKey | None) -> Array:
+    assert step_rng is not None  # decode_one_token_at_a_time folds rng, never None here
     return sample_logprobs(logprobs_BV, rng=step_rng, temperature=temperature, top_k=top_k,
                            top_p=top_p)
 

@@ -7,8 +7,9 @@ the compute dtype, then the weights are cast back.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, Literal
 
 import flax.linen as nn
 import flax.struct
@@ -107,8 +108,8 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
   if implementation in ("xla", "cudnn") and not use_dropout and not return_weights:
     if mask is not None:
       mask = jnp.broadcast_to(mask, (batch, mask.shape[1], queries, k_BSHK.shape[1]))
-    return jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask,
-                                        implementation=implementation)
+    fused: Literal["xla", "cudnn"] = "cudnn" if implementation == "cudnn" else "xla"
+    return jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask, implementation=fused)
 
   dtype = q_BTHK.dtype
   q_BTHK = q_BTHK / jnp.sqrt(width).astype(dtype)
@@ -179,7 +180,8 @@ class MultiHeadAttention(nn.Module):
 
   def project_kv(self, inputs_kv_BSD: Array) -> tuple[Array, Array]:
     """Keys and values ``[B, S, H, K]`` of a sequence, for caching cross attention."""
-    return self._project(inputs_kv_BSD, ("key", "value"))
+    k_BSHK, v_BSHK = self._project(inputs_kv_BSD, ("key", "value"))
+    return k_BSHK, v_BSHK
 
   def attend(self, inputs_q_BTD: Array, k_BSHK: Array, v_BSHK: Array, mask: Array | None, *,
              deterministic: bool = True, return_weights: bool = False,
@@ -315,7 +317,7 @@ class KVCache:
     with another count (``expand_to_beams``) the histories are copied out.
     """
     if rows_M.shape[0] == self.slots.shape[0]:
-      return self.replace(slots=self.slots[rows_M])
+      return dataclasses.replace(self, slots=self.slots[rows_M])
     key, value = self.resolved()
     rows = rows_M.shape[0]
     own_MT = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None], (rows, self.length))

@@ -26,12 +26,13 @@ def position_table(kind: str, max_len: int, dim: int, offset: int = 0) -> np.nda
   """A fixed float32 position table ``[max_len, dim]``; row p encodes position p + offset.
 
   Kinds:
-    ``"sinusoidal"``: ``sinusoidal_table``, sines and cosines interleaved.
-    ``"sinusoidal_marian"``: the same frequencies, all sines in the first half of the
-      columns and the cosines in the second (MarianMT / OPUS-MT).
-    ``"sinusoidal_fairseq"``: tensor2tensor's frequencies ``10000^(-i / (dim/2 - 1))``,
-      sines then cosines, computed in float32 as fairseq and M2M100 / NLLB do; those
-      models start counting at ``pad_id + 1``, which ``offset`` gives.
+
+  - ``"sinusoidal"``: ``sinusoidal_table``, sines and cosines interleaved.
+  - ``"sinusoidal_marian"``: the same frequencies, all sines in the first half of the
+    columns and the cosines in the second (MarianMT / OPUS-MT).
+  - ``"sinusoidal_fairseq"``: tensor2tensor's frequencies ``10000^(-i / (dim/2 - 1))``,
+    sines then cosines, computed in float32 as fairseq and M2M100 / NLLB do; those
+    models start counting at ``pad_id + 1``, which ``offset`` gives.
   """
   if dim % 2:
     raise ValueError(f"sinusoidal positions need an even width; got dim={dim}")

@@ -44,6 +44,7 @@ class DecomposableAttention(nn.Module):
   distance bias and its tokens become ``[x_i; x'_i]``.
 
   Example:
+    >>> import jax
     >>> model = DecomposableAttention(DecomposableAttentionConfig(vocab_size=20, embed_dim=4,
     ...                                                           hidden_dim=6))
     >>> a, b = jnp.array([[5, 6, 0]]), jnp.array([[7, 8, 9, 0]])

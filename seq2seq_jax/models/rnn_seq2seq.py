@@ -47,7 +47,8 @@ class _DecoderStep(nn.Module):
     self.cells = [make_cell(cfg.cell, cfg.hidden_dim, dtype=dtype, name=f"cell_{layer}")
                   for layer in range(cfg.num_decoder_layers)]
     if cfg.attention == "additive":
-      self.attention = AdditiveAttention(cfg.attention_dim or cfg.hidden_dim, dtype=dtype)
+      self.attention: AdditiveAttention | LuongAttention = AdditiveAttention(
+          cfg.attention_dim or cfg.hidden_dim, dtype=dtype)
     elif cfg.attention in ("dot", "general"):
       self.attention = LuongAttention(cfg.attention, query_dim=cfg.hidden_dim, dtype=dtype)
     self.readout = nn.Dense(self.readout_dim, dtype=dtype, name="readout")

@@ -9,10 +9,16 @@ checkpoint family is one module here: a mapping of names and shapes onto the
 library's parameters (``marian``, ``m2m100``) and its tokenizer (``tokenizers``).
 
 Example:
+  >>> import seq2seq_jax as s2s
   >>> from seq2seq_jax import pretrained
   >>> checkpoint = pretrained.load("opus-mt-de-en")  # a local save_pretrained directory
+  >>> checkpoint.family, type(checkpoint.model).__name__
+  ('marian', 'Transformer')
+  >>> input_ids = checkpoint.tokenizer.encode_source(["Ein Hund läuft."])
   >>> tokens, scores = s2s.generate(checkpoint.model, checkpoint.params, input_ids,
   ...                               checkpoint.decode_config)
+  >>> [type(text) for text in checkpoint.tokenizer.decode_batch(tokens)]
+  [<class 'str'>]
 """
 
 from __future__ import annotations

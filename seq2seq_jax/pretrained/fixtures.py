@@ -2,15 +2,17 @@
 
 Each builder trains sentencepiece vocabularies on Multi30k, builds the
 transformers tokenizer from those files, trains a small random-initialised model
-with torch for a few hundred steps and ``save_pretrained``s model, tokenizer and
-generation config: a directory laid out like a published OPUS-MT, M2M100 or
+with torch for a few hundred steps and saves model, tokenizer and generation
+config with ``save_pretrained``: a directory laid out like a published OPUS-MT, M2M100 or
 NLLB-200 checkpoint. torch and transformers are imported inside the builders,
 so this module imports without them.
 
-Example:
-  >>> build_marian("/tmp/marian-de-en", data_dir="../shared/data/multi30k/raw")
-  >>> build_m2m100("/tmp/m2m100-tiny", data_dir="../shared/data/multi30k/raw")
-  >>> build_random_marian("/tmp/opus-mt-sized")  # 58,101 ids, 6 + 6 layers, random weights
+Example (each call trains for minutes on a CPU, so this is not run as a doctest;
+``tests/pretrained/conftest.py`` runs these builders)::
+
+  build_marian("/tmp/marian-de-en", data_dir="../shared/data/multi30k/raw")
+  build_m2m100("/tmp/m2m100-tiny", data_dir="../shared/data/multi30k/raw")
+  build_random_marian("/tmp/opus-mt-sized")  # 58,101 ids, 6 + 6 layers, random weights
 """
 
 from __future__ import annotations

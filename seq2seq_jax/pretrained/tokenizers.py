@@ -11,10 +11,11 @@ Example:
   >>> tokenizer.decode_batch(rows)  # up to the first EOS; special tokens skipped
   ['Ein Hund läuft.']
   >>> m2m = load_tokenizer("m2m100_418M", "m2m_100")
-  >>> m2m.encode_source(["Ein Hund."], lang="de")[0][0] == m2m.languages.index("de") + 128004
-  True
-  >>> m2m.target_prefix("en")  # forced after the decoder start
-  [128022]
+  >>> row = m2m.encode_source(["Ein Hund."], lang="de")[0]  # language code, pieces, EOS
+  >>> row[0] == m2m.target_prefix("de")[0], row[-1] == m2m.eos_id
+  (True, True)
+  >>> m2m.target_prefix("en")[0] - m2m.target_prefix("de")[0]  # codes in M2M100's order
+  2
 """
 
 from __future__ import annotations

@@ -22,9 +22,15 @@ only the steps since the last checkpoint; a non-finite loss raises
 ``NonFiniteLossError`` naming the step, and the last good checkpoint stays.
 
 Example:
-  >>> config = presets.get_preset("tiny_transformer")
-  >>> result = train(config, "runs/tiny")
-  >>> result.step, result.metrics["loss"], result.best_bleu
+  >>> from seq2seq_jax import presets
+  >>> config = presets.apply_overrides(presets.get_preset("tiny_transformer"),
+  ...                                  ["data.manual_dir=../shared/data/multi30k_tiny"])
+  >>> result = train(config, "runs/first", progress=False)  # 40 steps of a tiny model
+  Downloading and preparing dataset ...
+  >>> result.step, result.metrics["loss"] < 6.0, result.interrupted
+  (40, True, False)
+  >>> train(config, "runs/first", progress=False).step  # a rerun resumes: nothing left to do
+  40
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ def decay_mask(params: PyTree) -> PyTree:
   excluded, and so is any other leaf with fewer than two dimensions.
 
   Example:
+    >>> import jax.numpy as jnp
     >>> decay_mask({"dense": {"kernel": jnp.ones((2, 3)), "bias": jnp.ones(3)}})
     {'dense': {'bias': False, 'kernel': True}}
   """

@@ -37,11 +37,19 @@ returns a host its rows of a result, and ``sync_processes`` is a barrier that
 does not use device collectives.
 
 Example:
-  >>> maybe_initialize_distributed()  # no-op on one host
-  >>> mesh = make_mesh(model_parallelism=2)
-  >>> sharding_fn = state_sharding_fn("fsdp")
-  >>> state = create_train_state(model, optimizer, rng=key, mesh=mesh,
-  ...                            state_sharding_fn=sharding_fn)
+  >>> import jax
+  >>> from seq2seq_jax import TrainConfig, Transformer, TransformerConfig
+  >>> from seq2seq_jax.training import make_optimizer, rsqrt_schedule
+  >>> from seq2seq_jax.training.step import create_train_state
+  >>> maybe_initialize_distributed()  # a no-op on one host
+  False
+  >>> mesh = make_mesh(model_parallelism=2)  # 8 devices: 4-way data x 2-way tensor parallel
+  >>> dict(mesh.shape)
+  {'data': 4, 'model': 2}
+  >>> model = Transformer(TransformerConfig(vocab_size=64, model_dim=16, num_heads=2, mlp_dim=32))
+  >>> optimizer = make_optimizer(TrainConfig(), rsqrt_schedule(1e-3, 100))
+  >>> state = create_train_state(model, optimizer, rng=jax.random.key(0), mesh=mesh,
+  ...                            state_sharding_fn=state_sharding_fn("fsdp"))
 """
 
 from __future__ import annotations

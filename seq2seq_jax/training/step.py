@@ -8,6 +8,8 @@ default; ``sharding.state_sharding_fn("fsdp")`` for FSDP and tensor
 parallelism). The same program runs on one CPU, many devices or many hosts.
 
 Example:
+  >>> from seq2seq_jax import TrainConfig, Transformer, TransformerConfig, make_mesh
+  >>> from seq2seq_jax.training import make_optimizer, rsqrt_schedule
   >>> mesh = make_mesh()
   >>> model = Transformer(TransformerConfig(vocab_size=64, model_dim=16, num_heads=2, mlp_dim=32))
   >>> schedule = rsqrt_schedule(1e-3, 100)
@@ -16,6 +18,8 @@ Example:
   >>> step = make_train_step(model, optimizer, schedule, mesh=mesh, state=state)
   >>> batch = {"inputs": np.full((8, 5), 7, np.int32), "targets": np.full((8, 4), 9, np.int32)}
   >>> state, metrics = step(state, batch, jax.random.key(1))
+  >>> int(state.step), sorted(metrics)[:3]
+  (1, ['accuracy', 'grad_norm', 'learning_rate'])
 """
 
 from __future__ import annotations
