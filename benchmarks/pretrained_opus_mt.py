@@ -114,6 +114,14 @@ def main() -> None:
 
         systems = {"seq2seq_jax": run_ours, "HF generate": run_hf, "CTranslate2": run_ct2}
         if beams == 1:  # the same weights give the same greedy tokens in every runtime
+          # Agreement means nothing if the weights give NaN (every engine then agrees).
+          with torch.inference_mode():
+            logits = hf_model(input_ids=torch_batches[0],
+                              attention_mask=torch_batches[0] != config.pad_id,
+                              decoder_input_ids=torch_batches[0][:, :4]).logits
+          if not torch.isfinite(logits).all():
+            raise RuntimeError("the random checkpoint gives non-finite logits: agreement "
+                               "between the runtimes would be vacuous")
           ours = np.concatenate([np.asarray(t) for t in run_ours()])
           hf = np.concatenate([t.numpy()[:, 1:] for t in run_hf()])
           ct = np.array([[vocab[t] for t in r.hypotheses[0]] for g in run_ct2() for r in g])
