@@ -3,6 +3,9 @@ checkpoint code: each side saves with its own tools and the other restores into 
 tree (shapes, dtypes, shardings) that it built itself."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -78,12 +81,41 @@ def test_parameters_saved_by_another_project_restore_into_the_library_model(tmp_
   np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 
 
+_REFUSED_RESTORE = """
+import dataclasses, sys
+import jax, jax.numpy as jnp
+import orbax.checkpoint as ocp
+import seq2seq_jax as s2s
+config = s2s.TransformerConfig(**{config!r})
+inputs = jnp.array({inputs!r}, jnp.int32)
+wider = s2s.Transformer(dataclasses.replace(config, model_dim=32))
+abstract = jax.eval_shape(lambda: wider.init(jax.random.key(0), inputs, inputs))["params"]
+try:
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.restore({path!r}, abstract)
+except ValueError as error:
+  print("refused:", error)
+  sys.exit(0)
+print("restored a checkpoint of other shapes")
+sys.exit(1)
+"""
+
+
 def test_a_mismatched_abstract_tree_is_refused(tmp_path):
-  """The exchange fails loudly, not silently, when the two sides disagree on a shape."""
+  """The exchange fails loudly, not silently, when the two sides disagree on a shape.
+
+  The refused restore runs in its own process: orbax restores each array in a task of
+  its own, and after the refusal the remaining tasks fail on a closed event loop at
+  some later moment, which pytest would report in whichever test runs then.
+  """
   params = s2s.Transformer(CONFIG).init(jax.random.key(0), INPUTS, INPUTS)["params"]
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(tmp_path / "params", params)
-  wider = s2s.Transformer(dataclasses.replace(CONFIG, model_dim=32))
-  abstract = jax.eval_shape(lambda: wider.init(jax.random.key(0), INPUTS, INPUTS))["params"]
-  with pytest.raises(ValueError):
-    ocp.StandardCheckpointer().restore(tmp_path / "params", abstract)
+  fields = {f.name: getattr(CONFIG, f.name) for f in dataclasses.fields(CONFIG)
+            if getattr(CONFIG, f.name) != f.default}
+  script = _REFUSED_RESTORE.format(config=fields, inputs=np.asarray(INPUTS).tolist(),
+                                   path=str(tmp_path / "params"))
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "not compatible with the stored shape" in result.stdout
