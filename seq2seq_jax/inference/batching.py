@@ -1,0 +1,107 @@
+"""Batches for decoding: sentences sorted by length, padded to a few bucket shapes.
+
+A corpus decoded one jitted program per shape must see few shapes, and little
+padding. ``plan_batches`` puts each sentence in the shortest bucket length that
+holds it, sorts each bucket's sentences longest first, and cuts them into
+batches of at most ``rows_for_length`` rows (a token budget divided by the
+length, capped, a multiple of ``row_multiple``); a bucket's last, partial batch is
+padded up to a power-of-two multiple of ``row_multiple`` instead, so a small
+input does not pay for a full batch. Each bucket length thus compiles a handful
+of programs, whatever the corpus.
+
+Example:
+  >>> plan = plan_batches([3, 9, 4, 17], bucket_lengths=(8, 16, 32), max_rows=4)
+  >>> [(b.length, b.rows, b.indices) for b in plan]
+  [(32, 1, (3,)), (16, 1, (1,)), (8, 2, (2, 0))]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBatch:
+  """One batch of a plan: which sentences, padded to which shape ``[rows, length]``."""
+
+  indices: tuple[int, ...]  # positions in the planned list, longest first; len <= rows
+  length: int  # padded source length (a bucket length)
+  rows: int  # padded row count: a multiple of row_multiple, >= len(indices)
+
+
+def bucket_length(buckets: Sequence[int], length: int) -> int:
+  """The shortest of ``buckets`` (sorted) that holds ``length`` tokens."""
+  for bucket in buckets:
+    if bucket >= length:
+      return bucket
+  raise ValueError(f"a sentence of {length} tokens is longer than the longest bucket "
+                   f"{buckets[-1]}; truncate it first (Translator.encode does)")
+
+
+def rows_for_length(length: int, *, max_rows: int, batch_tokens: int | None,
+                    row_multiple: int = 1) -> int:
+  """Rows of a full batch of ``length``-token sources: the budget's share, at most ``max_rows``.
+
+  A multiple of ``row_multiple`` and at least ``row_multiple``, so every bucket can
+  be decoded, even when one row of it exceeds ``batch_tokens``.
+  """
+  rows = max_rows if batch_tokens is None else min(max_rows, batch_tokens // length)
+  return max(row_multiple, rows // row_multiple * row_multiple)
+
+
+def padded_rows(count: int, full: int, row_multiple: int = 1) -> int:
+  """Rows a batch of ``count`` sentences is padded to: ``row_multiple * 2**k`` or ``full``."""
+  rows = row_multiple
+  while rows < count:
+    rows *= 2
+  return min(rows, full)
+
+
+def plan_batches(lengths: Sequence[int], *, bucket_lengths: Sequence[int], max_rows: int,
+                 batch_tokens: int | None = None, row_multiple: int = 1) -> list[PlannedBatch]:
+  """Cuts sentences of token ``lengths`` into batches of a few shapes.
+
+  Args:
+    lengths: each sentence's length in tokens (EOS included), at most the longest bucket.
+    bucket_lengths: the padded lengths a batch may take (sorted, increasing).
+    max_rows: most sentences in one batch.
+    batch_tokens: most padded source tokens (rows x length) in a full batch; None:
+      ``max_rows`` rows at every length.
+    row_multiple: every batch's row count is a multiple of this (the data axis of
+      the device mesh, so the rows split evenly over devices).
+
+  Returns:
+    Batches, longest bucket first; within a bucket, sentences longest first (ties
+    in input order). The plan depends only on the arguments: rerun on the same
+    input it is the same, which makes a resumed run decode every sentence in the
+    same batch as an uninterrupted one.
+  """
+  if max_rows < 1 or row_multiple < 1:
+    raise ValueError(f"max_rows={max_rows} and row_multiple={row_multiple} must be >= 1")
+  buckets = tuple(sorted(bucket_lengths))
+  by_bucket: dict[int, list[int]] = {}
+  for index, length in enumerate(lengths):
+    by_bucket.setdefault(bucket_length(buckets, length), []).append(index)
+  plan = []
+  for length in sorted(by_bucket, reverse=True):
+    indices = sorted(by_bucket[length], key=lambda i: -lengths[i])  # stable: ties keep order
+    full = rows_for_length(length, max_rows=max_rows, batch_tokens=batch_tokens,
+                           row_multiple=row_multiple)
+    for start in range(0, len(indices), full):
+      chunk = tuple(indices[start:start + full])
+      plan.append(PlannedBatch(chunk, length, padded_rows(len(chunk), full, row_multiple)))
+  return plan
+
+
+def pad_batch(rows: Sequence[Sequence[int]], *, length: int, count: int, pad_id: int,
+              eos_id: int) -> np.ndarray:
+  """int32 ``[count, length]``: ``rows`` padded with ``pad_id``; rows past them are an
+  empty sentence (EOS alone), which every model can read."""
+  batch = np.full((count, length), pad_id, np.int32)
+  batch[:, 0] = eos_id
+  for r, ids in enumerate(rows):
+    batch[r, :len(ids)] = ids
+  return batch
