@@ -18,9 +18,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+logger = logging.getLogger("seq2seq_jax")
+
+# on_truncate(number, tokens, limit): told of each sentence cut to the model's limit.
+TruncationHandler = Callable[[int, int, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,3 +111,30 @@ def pad_batch(rows: Sequence[Sequence[int]], *, length: int, count: int, pad_id:
   for r, ids in enumerate(rows):
     batch[r, :len(ids)] = ids
   return batch
+
+
+def warn_truncated(what: str, number: int, tokens: int, limit: int) -> None:
+  logger.warning("%s %d has %d tokens; truncated to the model's limit of %d (EOS included)",
+                 what, number, tokens, limit)
+
+
+def truncate_rows(rows: Sequence[Sequence[int]], limit: int, *, what: str = "sentence",
+                  numbers: Sequence[int] | None = None,
+                  on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+  """Rows longer than ``limit`` keep their first ``limit - 1`` ids and their last (EOS).
+
+  Each cut row is reported: ``on_truncate(number, tokens, limit)``, or by default a
+  warning on the ``seq2seq_jax`` logger, "WHAT NUMBER has N tokens; truncated ...",
+  where NUMBER is ``numbers[i]`` (e.g. a line number) or the row's index.
+  """
+  out = []
+  for i, ids in enumerate(rows):
+    if len(ids) > limit:
+      number = i if numbers is None else numbers[i]
+      if on_truncate is None:
+        warn_truncated(what, number, len(ids), limit)
+      else:
+        on_truncate(number, len(ids), limit)
+      ids = list(ids[:limit - 1]) + list(ids[-1:])
+    out.append(list(ids))
+  return out

@@ -53,6 +53,7 @@ import numpy as np
 
 from seq2seq_jax.configs import DecodeConfig, TranslateFileConfig
 from seq2seq_jax.data.text_files import DataError, decode_line
+from seq2seq_jax.inference.batching import warn_truncated
 from seq2seq_jax.inference.translator import Translator, output_lengths, total_logprobs
 from seq2seq_jax.training.sharding import broadcast_json
 
@@ -489,8 +490,7 @@ class _Run:
         return
       self.truncated += 1
       if self.truncated <= _TRUNCATION_WARNINGS:
-        logger.warning("%s %d has %d tokens; truncated to the model's limit of %d "
-                       "(EOS included)", what, number, tokens, limit)
+        warn_truncated(what, number, tokens, limit)
     return warn
 
   def window(self, lines: list[str], targets: list[str] | None, *, position: dict[str, int],

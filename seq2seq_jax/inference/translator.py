@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import math
 import os
 import pathlib
@@ -28,15 +27,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from seq2seq_jax.configs import DecodeConfig
 from seq2seq_jax.decoding import length_penalty, search_fn
-from seq2seq_jax.inference.batching import PlannedBatch, bucket_length, pad_batch, plan_batches
+from seq2seq_jax.inference.batching import (PlannedBatch, TruncationHandler, bucket_length,
+                                            pad_batch, plan_batches, truncate_rows)
 from seq2seq_jax.models.base import special_ids
 from seq2seq_jax.training.sharding import DATA_AXIS, make_mesh
 from seq2seq_jax.types import Array, PyTree
 
-logger = logging.getLogger("seq2seq_jax")
-
-# on_truncate(number, tokens, limit): told of each sentence cut to the model's limit.
-TruncationHandler = Callable[[int, int, int], None]
 
 
 def _target_logprobs(model: nn.Module, params: PyTree, inputs_BS: Array,
@@ -260,23 +256,6 @@ class Translator:
     return dataclasses.replace(config, **changes)
 
   # ---- tokens --------------------------------------------------------------------------------
-  def _truncate(self, rows: list[list[int]], limit: int, what: str,
-                numbers: Sequence[int] | None, on_truncate: TruncationHandler | None
-                ) -> list[list[int]]:
-    """Rows longer than ``limit`` keep their first ``limit - 1`` ids and their last (EOS)."""
-    out = []
-    for i, ids in enumerate(rows):
-      if len(ids) > limit:
-        number = i if numbers is None else numbers[i]
-        if on_truncate is None:
-          logger.warning("%s %d has %d tokens; truncated to the model's limit of %d "
-                         "(EOS included)", what, number, len(ids), limit)
-        else:
-          on_truncate(number, len(ids), limit)
-        ids = ids[:limit - 1] + ids[-1:]
-      out.append(list(ids))
-    return out
-
   def encode(self, sentences: Sequence[str], source_lang: str | None = None, *,
              numbers: Sequence[int] | None = None, what: str = "sentence",
              on_truncate: TruncationHandler | None = None) -> list[list[int]]:
@@ -292,7 +271,8 @@ class Translator:
         sentence instead of the warning.
     """
     rows = self.tokenizer.encode_source(list(sentences), source_lang)
-    return self._truncate(rows, self.max_source_len, what, numbers, on_truncate)
+    return truncate_rows(rows, self.max_source_len, what=what, numbers=numbers,
+                         on_truncate=on_truncate)
 
   def _pad(self, rows: list[list[int]], length: int, count: int) -> np.ndarray:
     return pad_batch(rows, length=length, count=count, pad_id=self.ids.pad_id,
@@ -391,8 +371,8 @@ class Translator:
                      on_truncate: TruncationHandler | None = None) -> list[list[int]]:
     """Decoder targets (forced prefix, pieces, EOS), truncated to the model's ``max_len``."""
     max_len = getattr(getattr(self.model, "config", None), "max_len", None) or 1 << 30
-    return self._truncate(self.tokenizer.encode_target(list(targets), target_lang), max_len,
-                          what, numbers, on_truncate)
+    return truncate_rows(self.tokenizer.encode_target(list(targets), target_lang), max_len,
+                         what=what, numbers=numbers, on_truncate=on_truncate)
 
   def score_plan(self, inputs: Sequence[Sequence[int]],
                  outputs: Sequence[Sequence[int]]) -> list[PlannedBatch]:
