@@ -357,7 +357,7 @@ def _add_translate(subparsers) -> None:
                       help="lines read, sorted and batched together (default: %(default)s)")
   parser.add_argument("--batch-tokens", type=int, default=defaults.batch_tokens, metavar="N",
                       help="padded source tokens in a full batch (default: %(default)s); "
-                           "--batch-size caps its rows (default: %d)" % defaults.max_rows)
+                           f"--batch-size caps its rows (default: {defaults.max_rows})")
   parser.add_argument("--overwrite", action="store_true",
                       help="start --output over although it exists or is unfinished")
   parser.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
@@ -373,6 +373,8 @@ def _model_name(args: argparse.Namespace, translator: Any) -> str:
 
 
 def run_translate(args: argparse.Namespace) -> int:
+  import jax
+
   from seq2seq_jax.configs import TranslateFileConfig
   from seq2seq_jax.inference import files
   from seq2seq_jax.training.sharding import make_mesh, maybe_initialize_distributed
@@ -394,12 +396,14 @@ def run_translate(args: argparse.Namespace) -> int:
              "same command to resume" if interrupted.output else "")
     print(f"seq2seq-jax translate: interrupted{where}", file=sys.stderr)
     return 130
-  if args.progress != "none" and result.decoded:
+  if args.progress != "none" and result.decoded and jax.process_index() == 0:
     rate = result.decoded / max(result.seconds, 1e-9)
+    devices = translator.mesh.devices.size
     print(f"seq2seq-jax translate: {result.lines} lines ({result.decoded} decoded"
           + (f", resumed after line {result.resumed_from}" if result.resumed_from else "")
-          + f") in {result.seconds:.1f} s: {rate:.1f} sentences/s, "
-          f"{result.tokens / max(result.seconds, 1e-9):.0f} tokens/s"
+          + f") in {result.seconds:.1f} s on {devices} device{'s' * (devices > 1)} of "
+          f"{jax.process_count()} process{'es' * (jax.process_count() > 1)}: {rate:.1f} "
+          f"sentences/s, {result.tokens / max(result.seconds, 1e-9):.0f} tokens/s"
           + (f" -> {result.output}" if result.output else ""), file=sys.stderr)
   return 0
 

@@ -423,8 +423,13 @@ class Translator:
       raise ValueError(f"score needs one target per source; got {len(sources)} sources and "
                        f"{len(targets)} targets")
     prefix = len(self.tokenizer.target_prefix(target_lang))
-    inputs = self.encode(list(sources), source_lang)
-    outputs = self.encode_targets(list(targets), target_lang)
+    return self.score_ids(self.encode(list(sources), source_lang),
+                          self.encode_targets(list(targets), target_lang), prefix=prefix)
+
+  def score_ids(self, inputs: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], *,
+                prefix: int = 0) -> list[float]:
+    """``score`` of token ids: ``inputs`` as ``encode`` gives them, ``outputs`` as
+    ``encode_targets`` (EOS last); the first ``prefix`` target tokens are not scored."""
     scores = [0.0] * len(inputs)
     for batch, values in self.score_batches(inputs, outputs, self.score_plan(inputs, outputs),
                                             prefix=prefix):
