@@ -67,7 +67,8 @@ def padded_rows(count: int, full: int, row_multiple: int = 1) -> int:
 
 
 def plan_batches(lengths: Sequence[int], *, bucket_lengths: Sequence[int], max_rows: int,
-                 batch_tokens: int | None = None, row_multiple: int = 1) -> list[PlannedBatch]:
+                 batch_tokens: int | None = None, row_multiple: int = 1,
+                 full_tails: bool = False) -> list[PlannedBatch]:
   """Cuts sentences of token ``lengths`` into batches of a few shapes.
 
   Args:
@@ -78,6 +79,9 @@ def plan_batches(lengths: Sequence[int], *, bucket_lengths: Sequence[int], max_r
       ``max_rows`` rows at every length.
     row_multiple: every batch's row count is a multiple of this (the data axis of
       the device mesh, so the rows split evenly over devices).
+    full_tails: pad a bucket's last batch to the full row count too: one shape per
+      bucket length, whatever the input (for a stream of large windows, where a tail
+      is a small part of the work and every extra shape is a compiled program).
 
   Returns:
     Batches, longest bucket first; within a bucket, sentences longest first (ties
@@ -98,7 +102,8 @@ def plan_batches(lengths: Sequence[int], *, bucket_lengths: Sequence[int], max_r
                            row_multiple=row_multiple)
     for start in range(0, len(indices), full):
       chunk = tuple(indices[start:start + full])
-      plan.append(PlannedBatch(chunk, length, padded_rows(len(chunk), full, row_multiple)))
+      rows = full if full_tails else padded_rows(len(chunk), full, row_multiple)
+      plan.append(PlannedBatch(chunk, length, rows))
   return plan
 
 
@@ -136,5 +141,5 @@ def truncate_rows(rows: Sequence[Sequence[int]], limit: int, *, what: str = "sen
       else:
         on_truncate(number, len(ids), limit)
       ids = list(ids[:limit - 1]) + list(ids[-1:])
-    out.append(list(ids))
+    out.append(ids if isinstance(ids, list) else list(ids))
   return out

@@ -56,6 +56,7 @@ from seq2seq_jax.data.text_files import DataError, decode_line
 from seq2seq_jax.inference.batching import warn_truncated
 from seq2seq_jax.inference.translator import Translator, output_lengths, total_logprobs
 from seq2seq_jax.training.sharding import broadcast_json
+from seq2seq_jax.types import NEG_INF
 
 logger = logging.getLogger("seq2seq_jax")
 
@@ -504,24 +505,26 @@ class _Run:
     encoded = self.translator.encode([lines[i] for i in todo], self.source_lang,
                                      numbers=numbers, what=f"{name}: line",
                                      on_truncate=self._on_truncate(f"{name}: line"))
-    ready: dict[int, str] = {i: self._empty(first + i) for i in range(skip, len(lines))
-                             if i not in set(todo)} if targets is None else {}
+    decoded_lines = set(todo)
+    ready = {i: self._empty(first + i) for i in range(skip, len(lines))
+             if i not in decoded_lines}
     next_line = skip
 
-    def emit(decoded_lines: int, tokens: int) -> None:
+    def emit(decoded: int, tokens: int) -> None:
       nonlocal next_line
       written = []
       while next_line in ready:
         written.append(ready.pop(next_line))
         next_line += 1
       self.lines_done = first + next_line
-      self.writer.write("".join(written), {"lines_done": self.lines_done, **position})
-      self.progress.update(len(written), decoded_lines, tokens)
+      if written:
+        self.writer.write("".join(written), {"lines_done": self.lines_done, **position})
+      self.progress.update(len(written), decoded, tokens)
 
     if targets is not None:
-      batches = self._score(encoded, targets, todo, numbers, name, skip)
+      batches = self._score(encoded, targets, todo, numbers, skip)
     else:
-      batches = self._translate(encoded, todo, skip, first)
+      batches = self._translate(encoded, todo, skip, first, len(lines))
     for outputs, tokens in batches:
       fresh = {i: text for i, text in outputs.items() if i >= skip}
       ready.update(fresh)
@@ -534,11 +537,15 @@ class _Run:
   def _pending_plan(self, plan, todo: Sequence[int], skip: int):
     return [batch for batch in plan if any(todo[j] >= skip for j in batch.indices)]
 
-  def _translate(self, encoded, todo, skip, first):
+  def _translate(self, encoded, todo, skip, first, window_size):
     config, decode = self.config, self.decode
+    # A full window pads every bucket's last batch to full rows too: one program per
+    # bucket for the whole file (fewer compilations, flat memory); the last, partial
+    # window (or a short input) takes power-of-two tails.
     plan = self.translator.plan([len(ids) for ids in encoded], max_rows=config.max_rows,
                                 batch_tokens=config.batch_tokens,
-                                row_multiple=config.row_multiple)
+                                row_multiple=config.row_multiple,
+                                full_tails=window_size == config.window_lines)
     rng = jax.random.fold_in(jax.random.key(decode.seed), first // config.window_lines)
     eos = self.translator.ids.eos_id
     tokenizer = self.translator.tokenizer
@@ -553,7 +560,7 @@ class _Run:
         best_NT = decoded.tokens[:, 0]
         for r, j in enumerate(decoded.batch.indices):
           hypotheses = [(texts[r * width + w], decoded.scores[r, w]) for w in range(width)
-                        if decoded.scores[r, w] > -1e30][:config.n_best]
+                        if decoded.scores[r, w] > 0.5 * NEG_INF][:config.n_best]
           outputs[todo[j]] = "".join(f"{first + todo[j]} ||| {_clean(text)} ||| {score:.6f}\n"
                                      for text, score in hypotheses)
       else:
@@ -567,13 +574,15 @@ class _Run:
                               else f"{text}\n")
       yield outputs, int(output_lengths(best_NT, eos).sum())
 
-  def _score(self, encoded, targets, todo, numbers, name, skip):
-    del name
+  def _score(self, encoded, targets, todo, numbers, skip):
     outputs = self.translator.encode_targets(
         targets, self.target_lang, numbers=numbers, what=f"{self.config.references}: line",
         on_truncate=self._on_truncate(f"{self.config.references}: line"))
     prefix = len(self.translator.tokenizer.target_prefix(self.target_lang))
-    plan = self.translator.score_plan(encoded, outputs)
+    config = self.config
+    plan = self.translator.score_plan(
+        encoded, outputs, max_rows=config.max_rows, batch_tokens=config.batch_tokens,
+        row_multiple=config.row_multiple, full_tails=len(targets) == config.window_lines)
     for batch, values in self.translator.score_batches(
         encoded, outputs, self._pending_plan(plan, todo, skip), prefix=prefix):
       yield ({todo[j]: f"{value:.6f}\n" for j, value in zip(batch.indices, values)},

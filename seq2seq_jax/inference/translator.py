@@ -280,13 +280,15 @@ class Translator:
 
   def plan(self, lengths: Sequence[int], *, max_rows: int | None = None,
            batch_tokens: int | None = None, row_multiple: int = 1,
-           bucket_lengths: Sequence[int] | None = None) -> list[PlannedBatch]:
+           bucket_lengths: Sequence[int] | None = None,
+           full_tails: bool = False) -> list[PlannedBatch]:
     """Batches for sources of token ``lengths`` (``batching.plan_batches``): at most
     ``max_rows`` (default ``batch_size``) rows, a multiple of ``row_multiple`` and of
     the mesh's data axis."""
     return plan_batches(lengths, bucket_lengths=bucket_lengths or self.bucket_lengths,
                         max_rows=max_rows or self.batch_size, batch_tokens=batch_tokens,
-                        row_multiple=math.lcm(row_multiple, self.data_devices))
+                        row_multiple=math.lcm(row_multiple, self.data_devices),
+                        full_tails=full_tails)
 
   # ---- decoding ------------------------------------------------------------------------------
   def _program(self, key: Any, build: Callable[[], Callable], *, row_args: int,
@@ -299,6 +301,12 @@ class Translator:
       self._programs[key] = jax.jit(build(), in_shardings=in_shardings,
                                     out_shardings=self._replicated)
     return self._programs[key]
+
+  def place_batch(self, encoded: Sequence[Sequence[int]], batch: PlannedBatch) -> jax.Array:
+    """The sources of ``batch`` padded to its shape ``[rows, length]``, rows split over the
+    mesh's data axis (on every host, each its devices' rows): what ``search`` reads."""
+    inputs_BS = self._pad([encoded[i] for i in batch.indices], batch.length, batch.rows)
+    return put_global(inputs_BS, self._rows)
 
   def search(self, config: DecodeConfig, *, n_best: bool = False) -> Callable:
     """The jitted search ``(params, inputs_BS, rng) -> (tokens, scores)`` over the mesh."""
@@ -321,8 +329,7 @@ class Translator:
     rng = jax.random.key(config.seed) if rng is None else rng
 
     def dispatch(batch: PlannedBatch):
-      inputs_BS = self._pad([encoded[i] for i in batch.indices], batch.length, batch.rows)
-      return search(self.params, put_global(inputs_BS, self._rows),
+      return search(self.params, self.place_batch(encoded, batch),
                     jax.random.fold_in(rng, batch.indices[0]))
 
     for batch, (tokens, scores) in _one_ahead(plan, dispatch):
@@ -374,11 +381,11 @@ class Translator:
     return truncate_rows(self.tokenizer.encode_target(list(targets), target_lang), max_len,
                          what=what, numbers=numbers, on_truncate=on_truncate)
 
-  def score_plan(self, inputs: Sequence[Sequence[int]],
-                 outputs: Sequence[Sequence[int]]) -> list[PlannedBatch]:
-    """Batches for forced decoding, by the longer side of each pair."""
+  def score_plan(self, inputs: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                 **plan_options) -> list[PlannedBatch]:
+    """Batches for forced decoding, by the longer side of each pair (``plan``'s options)."""
     return self.plan([max(len(src), len(tgt)) for src, tgt in zip(inputs, outputs)],
-                     bucket_lengths=self._target_buckets())
+                     bucket_lengths=self._target_buckets(), **plan_options)
 
   def _target_buckets(self) -> tuple[int, ...]:
     max_len = getattr(getattr(self.model, "config", None), "max_len", None) or 1 << 30

@@ -53,3 +53,14 @@ def test_truncation_keeps_eos_and_names_the_number():
   rows = truncate_rows([[4, 5, 6, 7, 2], [4, 2]], 3, numbers=[11, 12],
                        on_truncate=lambda *args: told.append(args))
   assert rows == [[4, 5, 2], [4, 2]] and told == [(11, 5, 3)]
+
+
+def test_full_tails_give_one_shape_per_bucket():
+  lengths = np.random.default_rng(1).integers(1, 33, size=500).tolist()
+  plan = plan_batches(lengths, bucket_lengths=(16, 32), max_rows=64, batch_tokens=512,
+                      row_multiple=8, full_tails=True)
+  assert {(b.rows, b.length) for b in plan} == {(32, 16), (16, 32)}
+  assert sorted(i for b in plan for i in b.indices) == list(range(500))
+  tails = plan_batches(lengths, bucket_lengths=(16, 32), max_rows=64, batch_tokens=512,
+                       row_multiple=8)
+  assert [b.indices for b in tails] == [b.indices for b in plan]  # same batches, less padding
