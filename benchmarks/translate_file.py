@@ -113,14 +113,10 @@ def main() -> None:
   if not (args.corpus / "train.de").is_file():
     raise SystemExit(f"{args.corpus / 'train.de'} is missing: pass --corpus with the Multi30k "
                      "raw folder (see ../shared/data/README.md)")
-  try:
-    import ctranslate2  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-  except ImportError as error:
-    print(f"skipped: {error}; `make setup` installs torch, transformers and ctranslate2")
-    benchmarking.write_json(args.out, {"benchmark": "translate_file", "skipped": str(error)})
+  peers = benchmarking.import_peers(args.out, "translate_file")
+  if peers is None:
     return
+  ctranslate2, torch, transformers = peers
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
   import sentencepiece as spm  # noqa: PLC0415
@@ -131,7 +127,6 @@ def main() -> None:
   from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
 
   threads = os.cpu_count() or 1
-  torch.set_num_threads(threads)
   out_len, batch = s["output_len"], s["batch"]
   corpus = (args.corpus / "train.de").read_text(encoding="utf-8").splitlines()
   rows, agreement, memory = [], {}, {}
@@ -152,6 +147,7 @@ def main() -> None:
       hf_tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
       hf_model = transformers.MarianMTModel.from_pretrained(directory).eval()
       hf_model.generation_config.forced_eos_token_id = None  # all run to out_len
+      hf_model.generation_config.max_length = out_len + 1  # counts the decoder start
       ctranslate2.converters.TransformersConverter(str(directory)).convert(
           str(tmp / f"{label}-ct2"), force=True)
       ct2 = ctranslate2.Translator(str(tmp / f"{label}-ct2"), device="cpu", inter_threads=1,
@@ -175,7 +171,7 @@ def main() -> None:
             inputs = hf_tokenizer(chunk, return_tensors="pt", padding=True)
             with torch.inference_mode():
               tokens = hf_model.generate(**inputs, num_beams=1, do_sample=False,
-                                         min_new_tokens=out_len, max_new_tokens=out_len)
+                                         min_length=out_len + 1)
             out.write("\n".join(hf_tokenizer.batch_decode(tokens, skip_special_tokens=True))
                       + "\n")
 

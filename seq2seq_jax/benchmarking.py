@@ -451,6 +451,21 @@ def plot_rates_by_task(rows: Sequence[Mapping[str, Any]], path: str | os.PathLik
   plt.close(fig)
 
 
+def import_peers(out: str | os.PathLike, benchmark: str) -> tuple[Any, Any, Any] | None:
+  """``(ctranslate2, torch, transformers)`` with torch on all cores, or None when the
+  ``bench`` extra is missing (then a JSON saying so is written to ``out``)."""
+  try:
+    import ctranslate2  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+  except ImportError as error:
+    print(f"skipped: {error}; `make setup` installs torch, transformers and ctranslate2")
+    write_json(out, {"benchmark": benchmark, "skipped": str(error)})
+    return None
+  torch.set_num_threads(os.cpu_count() or 1)
+  return ctranslate2, torch, transformers
+
+
 def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> pathlib.Path:
   """Writes ``payload`` plus ``machine_info()`` as indented JSON; returns the path."""
   path = pathlib.Path(path)

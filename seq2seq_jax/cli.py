@@ -316,7 +316,11 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
   (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
-def _add_language_flags(parser: argparse.ArgumentParser) -> None:
+def _add_search_flags(parser: argparse.ArgumentParser) -> None:
+  """The model, the search and the language codes: ``translate`` and ``export``."""
+  _add_decode_flags(parser)
+  parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
+                      help="the search (default: beam when --beam-size > 1, else the run's)")
   parser.add_argument("--source-lang", default=None, metavar="CODE",
                       help="source language code of a multilingual checkpoint (M2M100: de)")
   parser.add_argument("--target-lang", default=None, metavar="CODE",
@@ -337,10 +341,7 @@ def _add_translate(subparsers) -> None:
                   "line (a side record OUTPUT.progress.json says how far it got). An empty line "
                   "gives an empty line; a line longer than the model allows is truncated with a "
                   "warning naming it; invalid UTF-8 is an error naming the line.")
-  _add_decode_flags(parser)
-  parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
-                      help="the search (default: beam when --beam-size > 1, else the run's)")
-  _add_language_flags(parser)
+  _add_search_flags(parser)
   parser.add_argument("--input", default=None, metavar="FILE",
                       help="sentences to translate, one per line, plain or .gz (default: stdin)")
   parser.add_argument("--output", default=None, metavar="FILE",
@@ -415,10 +416,7 @@ def _add_export(subparsers) -> None:
                   "(jax.export) for a fixed set of batch shapes, its parameters and its "
                   "tokenizer. seq2seq_jax.serving.load_exported(FILE).translate(sentences) runs "
                   "it without the model's Python code, on any of --platforms.")
-  _add_decode_flags(parser)
-  parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
-                      help="the search baked into the artifact (default: the run's)")
-  _add_language_flags(parser)
+  _add_search_flags(parser)
   parser.add_argument("--out", required=True, metavar="FILE", help="the artifact to write")
   parser.add_argument("--platforms", default="cpu,cuda,tpu",
                       help="comma-separated jax.export platforms: cpu, cuda, rocm, tpu "

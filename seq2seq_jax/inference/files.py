@@ -222,10 +222,15 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -
   return found
 
 
+def _fresh_start() -> dict[str, Any]:
+  """The position of an output begun now: no line done, the first window at byte 0."""
+  return {"lines_done": 0, "window_line": 0, "window_offset": 0, "references_offset": 0,
+          "complete": False}
+
+
 def _resume_point(output: str, settings: dict[str, Any], overwrite: bool) -> dict[str, Any]:
   """Where an output continues (process 0): the record's position, checked against the file."""
-  fresh = {"lines_done": 0, "window_line": 0, "window_offset": 0, "references_offset": 0,
-           "complete": False}
+  fresh = _fresh_start()
   path = _record_path(output)
   if overwrite:
     path.unlink(missing_ok=True)
@@ -258,6 +263,25 @@ def _resume_point(output: str, settings: dict[str, Any], overwrite: bool) -> dic
   if size > saved_bytes:  # a write after the last record update: redone below
     os.truncate(output, saved_bytes)
   return {**position, "complete": bool(record.get("complete"))}
+
+
+def _start(output: str | None, settings: dict[str, Any] | None, overwrite: bool,
+           writer_process: bool) -> dict[str, Any]:
+  """Where this call begins, decided by process 0 (which alone touches the output) and
+  shared with every host; a refusal is raised on all of them."""
+  start, error = _fresh_start(), None
+  if writer_process and settings is not None:
+    try:
+      start = _resume_point(output, settings, overwrite)
+    except ResumeError as e:
+      error = str(e)
+  elif writer_process and output is not None:  # from stdin: written afresh, never resumed
+    open(output, "wb").close()  # pylint: disable=consider-using-with
+  shared = broadcast_json("translate_file:start", {"error": error, "start": start})
+  if shared["error"]:
+    raise ResumeError(shared["error"] if writer_process else
+                      f"process 0 refused to resume: {shared['error']}")
+  return shared["start"]
 
 
 # ------------------------------------------------------------------------------- progress
@@ -393,21 +417,7 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
                        source_lang=source_lang, target_lang=target_lang,
                        model_name=model_name) if resumable else None
   writer_process = jax.process_index() == 0
-  start: dict[str, Any] = {"lines_done": 0, "window_line": 0, "window_offset": 0,
-                           "references_offset": 0, "complete": False}
-  error = None
-  if writer_process and resumable:
-    try:
-      start = _resume_point(output_path, settings, overwrite)
-    except ResumeError as e:
-      error = str(e)
-  elif writer_process and output_path is not None:
-    open(output_path, "wb").close()  # pylint: disable=consider-using-with
-  shared = broadcast_json("translate_file:start", {"error": error, "start": start})
-  if shared["error"]:
-    raise ResumeError(shared["error"] if writer_process else
-                      f"process 0 refused to resume: {shared['error']}")
-  start = shared["start"]
+  start = _start(output_path, settings, overwrite, writer_process)
   total = count_lines(input_path) if input_path is not None else None
   if start["complete"]:
     logger.warning("%s is complete (%d lines); nothing to do (pass --overwrite to redo it)",
@@ -429,6 +439,11 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
   state = _Run(translator=translator, decode=decode, config=config, source_lang=source_lang,
                target_lang=target_lang, writer=writer, progress=progress,
                lines_done=start["lines_done"])
+  def next_window() -> dict[str, int]:  # where the window after those read so far starts
+    return {"lines_done": state.lines_done, "window_line": reader.line,
+            "window_offset": reader.offset,
+            "references_offset": references.offset if references else 0}
+
   try:
     while True:
       window_line, window_offset = reader.line, reader.offset
@@ -445,14 +460,8 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
       state.window(lines, targets, position={
           "window_line": window_line, "window_offset": window_offset,
           "references_offset": references_offset}, name=name)
-      # The next window starts here: a record written now points a resume at it.
-      writer.write("", {"lines_done": state.lines_done, "window_line": reader.line,
-                        "window_offset": reader.offset,
-                        "references_offset": references.offset if references else 0})
-    writer.write("", {"lines_done": state.lines_done, "window_line": reader.line,
-                      "window_offset": reader.offset,
-                      "references_offset": references.offset if references else 0},
-                 complete=True)
+      writer.write("", next_window())  # a resume from here starts with the next window
+    writer.write("", next_window(), complete=True)
   except KeyboardInterrupt as interrupt:
     raise TranslationInterrupted(state.lines_done, output_path) from interrupt
   finally:

@@ -34,7 +34,6 @@ from seq2seq_jax.training.sharding import DATA_AXIS, make_mesh
 from seq2seq_jax.types import Array, PyTree
 
 
-
 def _target_logprobs(model: nn.Module, params: PyTree, inputs_BS: Array,
                      targets_BT: Array) -> Array:
   """log p(target token | source, previous targets) ``[B, T]``, float32 (teacher forcing)."""
