@@ -3,13 +3,14 @@
 A 20,000-line file of Multi30k German training sentences is translated file to
 file by (1) ``seq2seq_jax.inference.translate_file`` (windows sorted by length,
 bucketed batches, one batch ahead of the host), (2) CTranslate2's
-``Translator.translate_file`` (with the same sentencepiece model as tokenize /
-detokenize functions) and (3) a plain Hugging Face loop (``MarianTokenizer``,
+``Translator.translate_file`` (with the checkpoint's sentencepiece model and
+detokenizer as its tokenize / detokenize functions) and (3) a plain Hugging Face loop (``MarianTokenizer``,
 ``generate``, ``batch_decode``, ``write``) over the same ``save_pretrained``
 directory at the same batch size, alternated round by round. (4) The same
-batches, tokenized and padded beforehand, through the library's jitted search
-alone: the in-memory decoding rate the file path is compared with (the host
-pipeline must not stall the device: file / in-memory >= 0.9).
+batches, tokenized, padded and placed beforehand, through the library's jitted
+search one after the other (as ``decode_throughput.py`` times ``generate``): the
+in-memory decoding rate the file path is compared with (the host pipeline must
+not stall the device: file / in-memory >= 0.9).
 
 Models: ``pretrained.fixtures.build_random_marian`` at T-small's size (3 + 3
 layers, d 256, FFN 1024, vocabulary 8,000) and at OPUS-MT's (6 + 6, d 512, FFN

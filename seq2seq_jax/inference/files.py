@@ -94,9 +94,27 @@ class FileResult:
 # ------------------------------------------------------------------------------- reading
 
 
+class _EncodedLines:
+  """A text stream without a byte buffer (a notebook's or a test's stdin) read as UTF-8 lines."""
+
+  def __init__(self, text: Any):
+    self.text = text
+
+  def readline(self) -> bytes:
+    return self.text.readline().encode("utf-8")
+
+  def close(self) -> None:
+    pass
+
+
+def _stdin() -> Any:
+  buffer = getattr(sys.stdin, "buffer", None)
+  return buffer if buffer is not None else _EncodedLines(sys.stdin)
+
+
 def _open_input(path: str | None) -> tuple[BinaryIO, str]:
   if path is None or path == "-":
-    return sys.stdin.buffer, "<stdin>"
+    return _stdin(), "<stdin>"
   if str(path).endswith(".gz"):
     return gzip.open(path, "rb"), str(path)
   return open(path, "rb"), str(path)  # pylint: disable=consider-using-with
@@ -172,8 +190,8 @@ class _Writer:
   def __init__(self, output: str | None, settings: dict[str, Any] | None):
     self.output, self.settings = output, settings
     self.bytes = 0
-    if output is None:
-      self.stream = sys.stdout.buffer
+    if output is None:  # bytes when stdout has a buffer (a notebook's has not): UTF-8 always
+      self.stream = getattr(sys.stdout, "buffer", None) or sys.stdout
     else:
       self.stream = open(output, "ab")  # pylint: disable=consider-using-with
       self.bytes = self.stream.seek(0, io.SEEK_END)
@@ -181,7 +199,7 @@ class _Writer:
   def write(self, text: str, position: dict[str, int], *, complete: bool = False) -> None:
     if text:
       data = text.encode("utf-8")
-      self.stream.write(data)
+      self.stream.write(data if self.stream is not sys.stdout else text)
       self.bytes += len(data)
       self.stream.flush()
     if self.output is None:
@@ -467,7 +485,7 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
   finally:
     progress.close()
     writer.close()
-    if stream is not sys.stdin.buffer:
+    if input_path is not None:
       stream.close()
     if references is not None:
       references.stream.close()

@@ -163,8 +163,8 @@ def test_two_hosts_write_one_output_equal_to_one_host(run_dir, multi30k_tiny, tm
 def test_stdin_to_stdout_keeps_empty_lines_and_names_long_lines(run_dir, capsys, monkeypatch,
                                                                 caplog):
   long = " ".join(["Ein Hund läuft über die grüne Wiese."] * 8)
-  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
-      f"Ein Hund rennt.\n\n{long}\nZwei Männer sitzen.\n".encode())))
+  # A text stream without a byte buffer, as a notebook's stdin (a real one: test_cli.py).
+  monkeypatch.setattr(sys, "stdin", io.StringIO(f"Ein Hund rennt.\n\n{long}\nZwei Männer sitzen.\n"))
   assert cli.main(["translate", "--workdir", str(run_dir), "--progress", "none"]) == 0
   lines = capsys.readouterr().out.split("\n")
   assert len(lines) == 5 and lines[1] == "" and lines[4] == ""
