@@ -321,6 +321,8 @@ class _Progress:
                       desc=name, file=sys.stderr, smoothing=0.05)
 
   def update(self, lines: int, decoded: int, tokens: int) -> None:
+    """``lines`` more lines are finished (written or not: a window is written once its
+    earlier lines are), ``decoded`` of them by the model, with ``tokens`` tokens."""
     self.done += lines
     self.decoded += decoded
     self.tokens += tokens
@@ -535,6 +537,7 @@ class _Run:
     decoded_lines = set(todo)
     ready = {i: self._empty(first + i) for i in range(skip, len(lines))
              if i not in decoded_lines}
+    self.progress.update(len(ready), 0, 0)  # empty lines are done at once
     next_line = skip
 
     def emit(decoded: int, tokens: int) -> None:
@@ -546,7 +549,7 @@ class _Run:
       self.lines_done = first + next_line
       if written:
         self.writer.write("".join(written), {"lines_done": self.lines_done, **position})
-      self.progress.update(len(written), decoded, tokens)
+      self.progress.update(decoded, decoded, tokens)
 
     if targets is not None:
       batches = self._score(encoded, targets, todo, numbers, skip)

@@ -240,5 +240,7 @@ def test_plain_progress_lines_report_rates_and_eta(one_device, source_file, tmp_
   translate_file(one_device, source_file, tmp_path / "p.en", config=config)
   lines = capsys.readouterr().err.strip().splitlines()
   assert len(lines) >= 4
+  done = [int(re.search(r": (\d+)/43 lines", line).group(1)) for line in lines]
+  assert done == sorted(done) and any(0 < n < 43 for n in done)  # counts as batches finish
   assert re.fullmatch(r".*input.de: 43/43 lines \(100\.0%\), [\d.,]+ sentences/s, [\d,]+ "
                       r"tokens/s, ETA 0:00:00", lines[-1])
