@@ -154,7 +154,13 @@ def main() -> None:
       ct2 = ctranslate2.Translator(str(tmp / f"{label}-ct2"), device="cpu", inter_threads=1,
                                    intra_threads=threads)
       source_sp = spm.SentencePieceProcessor(model_file=str(directory / "source.spm"))
-      target_sp = spm.SentencePieceProcessor(model_file=str(directory / "target.spm"))
+      # CTranslate2 returns vocabulary tokens; the checkpoint's own tokenizer turns them into
+      # text as it does ours (random weights emit vocab.json's filler tokens, which the
+      # sentencepiece model alone does not know).
+      vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+
+      def ct2_detokenize(tokens, vocab=vocab):
+        return translator.tokenizer.decode_batch([[vocab[t] for t in tokens]])[0]
 
       def ours(path, output):
         return translate_file(translator, path, output, config=file_config, overwrite=True)
@@ -164,7 +170,7 @@ def main() -> None:
             str(path), str(output), max_batch_size=batch, batch_type="examples", beam_size=1,
             max_decoding_length=out_len, min_decoding_length=out_len,
             source_tokenize_fn=lambda text: source_sp.encode(text, out_type=str) + ["</s>"],
-            target_detokenize_fn=target_sp.decode_pieces)
+            target_detokenize_fn=ct2_detokenize)
 
       def hf_loop(path, output):
         with open(path, encoding="utf-8") as lines, open(output, "w", encoding="utf-8") as out:
