@@ -46,14 +46,10 @@ def main() -> None:
   parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
   args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
-  try:
-    import ctranslate2  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-  except ImportError as error:
-    print(f"skipped: {error}; `make setup` installs torch, transformers and ctranslate2")
-    benchmarking.write_json(args.out, {"benchmark": "pretrained_opus_mt", "skipped": str(error)})
+  peers = benchmarking.import_peers(args.out, "pretrained_opus_mt")
+  if peers is None:
     return
+  ctranslate2, torch, transformers = peers
   import numpy as np  # noqa: PLC0415
 
   from seq2seq_jax import pretrained  # noqa: PLC0415
@@ -62,7 +58,6 @@ def main() -> None:
   from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
 
   threads = os.cpu_count() or 1
-  torch.set_num_threads(threads)
   out_len = s["output_len"]
   rows, agreement = [], {}
   with tempfile.TemporaryDirectory() as tmp:

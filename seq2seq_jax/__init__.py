@@ -2,7 +2,7 @@
 
 The public API is what ``__all__`` lists. Models, configs and decoding import
 eagerly; the names that pull in orbax, grain and tensorflow-datasets (training,
-checkpoints, data, the Translator) load on first use, so ``import seq2seq_jax``
+checkpoints, data, the Translator and the rest of ``inference``) load on first use, so ``import seq2seq_jax``
 stays quick for programs that only run a model.
 """
 
@@ -44,9 +44,14 @@ _LAZY = {
     "benchmarking": None,
     "data": None,
     "evaluation": None,
+    "inference": None,
     "pretrained": None,
+    "serving": None,
     "visualization": None,
-    "Translator": "seq2seq_jax.translator",
+    "Translator": "seq2seq_jax.inference.translator",
+    "translate_file": "seq2seq_jax.inference.files",
+    "export_translator": "seq2seq_jax.inference.exported",
+    "load_exported": "seq2seq_jax.inference.exported",
     "train": "seq2seq_jax.training.loop",
     "TrainResult": "seq2seq_jax.training.loop",
     "ConfigMismatchError": "seq2seq_jax.training.loop",
@@ -116,6 +121,9 @@ __all__ = [
     "load_params",
     "average_checkpoints",
     "Translator",
+    "translate_file",
+    "export_translator",
+    "load_exported",
     "corpus_bleu",
     "corpus_chrf",
     # many devices and hosts
@@ -128,7 +136,9 @@ __all__ = [
     "data",
     "decoding",
     "evaluation",
+    "inference",
     "pretrained",
+    "serving",
     "types",
     "visualization",
 ]

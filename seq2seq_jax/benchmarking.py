@@ -229,20 +229,25 @@ def time_fn(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> Timi
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], Any]], *, rounds: int = 5,
-                     warmup: int = 1) -> dict[str, Timing]:
+                     warmup: int = 1,
+                     warmup_fns: Mapping[str, Callable[[], Any]] | None = None
+                     ) -> dict[str, Timing]:
   """Times several systems alternately: round r calls each once, in a rotated order.
 
   On a shared, noisy machine a slow spell then hits every system alike, so the
   ratio of their medians is fairer than timings taken one system after another.
+  ``warmup_fns[name]``, when given, replaces ``fns[name]`` for the warm-up calls:
+  the same work on a smaller input, which compiles the same programs in less time.
   """
   if rounds <= 0 or warmup <= 0:
     raise ValueError(f"rounds={rounds} and warmup={warmup} must be positive")
   names = list(fns)
+  warmups = {**fns, **(warmup_fns or {})}
   first = {}
   for name in names:
-    first[name] = _timed(fns[name])
+    first[name] = _timed(warmups[name])
     for _ in range(warmup - 1):
-      _timed(fns[name])
+      _timed(warmups[name])
   times = {name: [] for name in names}
   for r in range(rounds):
     for i in range(len(names)):
@@ -450,6 +455,21 @@ def plot_rates_by_task(rows: Sequence[Mapping[str, Any]], path: str | os.PathLik
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def import_peers(out: str | os.PathLike, benchmark: str) -> tuple[Any, Any, Any] | None:
+  """``(ctranslate2, torch, transformers)`` with torch on all cores, or None when the
+  ``bench`` extra is missing (then a JSON saying so is written to ``out``)."""
+  try:
+    import ctranslate2  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+  except ImportError as error:
+    print(f"skipped: {error}; `make setup` installs torch, transformers and ctranslate2")
+    write_json(out, {"benchmark": benchmark, "skipped": str(error)})
+    return None
+  torch.set_num_threads(os.cpu_count() or 1)
+  return ctranslate2, torch, transformers
 
 
 def write_json(path: str | os.PathLike, payload: Mapping[str, Any]) -> pathlib.Path:

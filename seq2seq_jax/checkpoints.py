@@ -46,6 +46,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from seq2seq_jax.configs import ExperimentConfig
+from seq2seq_jax.data.tokenizer import tokenizer_from_json as tokenizer_from_json
+from seq2seq_jax.data.tokenizer import tokenizer_to_json as tokenizer_to_json
 from seq2seq_jax.types import PyTree
 
 _ITEMS = ("params", "opt_state", "data", "config", "tokenizer", "meta")
@@ -334,27 +336,6 @@ def load_params(directory: str | os.PathLike, *, step: int | str | None = "lates
     abstract = _abstract_params(model_config or config.model, mesh, parameter_sharding)
     params = checkpointer.restore_params(abstract, step=step)
   return params, config
-
-
-def tokenizer_to_json(tokenizer: Any) -> dict[str, Any]:
-  """The checkpoint's tokenizer item: the run's sentencepiece model, or a pretrained
-  checkpoint's tokenizer (``to_dict()``, with its ``kind``)."""
-  if tokenizer is None:
-    return {"sentencepiece_base64": None}
-  if hasattr(tokenizer, "to_dict"):
-    return {"pretrained": tokenizer.to_dict()}
-  return {"sentencepiece_base64": base64.b64encode(tokenizer.to_bytes()).decode("ascii")}
-
-
-def tokenizer_from_json(values: dict[str, Any]) -> Any:
-  """Inverse of ``tokenizer_to_json``; None when the checkpoint holds no tokenizer."""
-  if values.get("pretrained"):
-    from seq2seq_jax.pretrained import tokenizers  # pylint: disable=import-outside-toplevel
-    return tokenizers.tokenizer_from_dict(values["pretrained"])
-  if values.get("sentencepiece_base64"):
-    from seq2seq_jax.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
-    return Tokenizer.from_bytes(base64.b64decode(values["sentencepiece_base64"]))
-  return None
 
 
 def average_checkpoints(directory: str | os.PathLike, output_directory: str | os.PathLike, *,

@@ -1,5 +1,5 @@
 """The ``seq2seq-jax`` command line: ``prepare``, ``train``, ``evaluate``, ``translate``,
-``save-pretrained``.
+``export``, ``save-pretrained``.
 
 Flags become configs here and nowhere else. Each subcommand is a function
 ``run_NAME(args) -> exit status`` registered by ``_add_NAME(subparsers)``.
@@ -15,6 +15,10 @@ Example::
   seq2seq-jax evaluate --workdir runs/m30k --split test_2016_flickr --beam-size 4
   echo "Ein Hund rennt." | seq2seq-jax translate --workdir runs/m30k --beam-size 4
   echo "Ein Hund rennt." | seq2seq-jax translate --pretrained opus-mt-de-en
+  seq2seq-jax translate --workdir runs/m30k --input corpus.de --output corpus.en --beam-size 4
+  seq2seq-jax translate --workdir runs/m30k --input corpus.de --output nbest.txt \\
+      --beam-size 8 --n-best 4
+  seq2seq-jax export --workdir runs/m30k --out m30k.s2sx --platforms cpu,cuda,tpu
   seq2seq-jax evaluate --pretrained opus-mt-de-en --manual-dir ../shared/data/multi30k/raw \
       --split test_2016_flickr
   seq2seq-jax train --init-from opus-mt-de-en --workdir runs/ft \
@@ -170,9 +174,10 @@ def _add_decode_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded at once")
 
 
-def _translator(args: argparse.Namespace):
-  from seq2seq_jax.translator import Translator
-  kwargs = {"batch_size": args.batch_size} if args.batch_size else {}
+def _translator(args: argparse.Namespace, **kwargs):
+  from seq2seq_jax.inference import Translator
+  if args.batch_size:
+    kwargs["batch_size"] = args.batch_size
   if args.pretrained:
     if args.checkpoint is not None:
       raise ValueError("--checkpoint picks a step of a --workdir run; a --pretrained "
@@ -312,29 +317,135 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
   (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
-def _add_translate(subparsers) -> None:
-  parser = subparsers.add_parser(
-      "translate", help="translate sentences from stdin, one per line, to stdout",
-      description="Reads sentences from standard input, one per line, and writes one "
-                  "translation per line; an empty line gives an empty line. A line longer than "
-                  "the model allows is truncated, with a warning on stderr.")
+def _add_search_flags(parser: argparse.ArgumentParser) -> None:
+  """The model, the search and the language codes: ``translate`` and ``export``."""
   _add_decode_flags(parser)
+  parser.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
+                      help="the search (default: beam when --beam-size > 1, else the run's)")
   parser.add_argument("--source-lang", default=None, metavar="CODE",
                       help="source language code of a multilingual checkpoint (M2M100: de)")
   parser.add_argument("--target-lang", default=None, metavar="CODE",
                       help="target language code of a multilingual checkpoint, forced as the "
                            "first output token (M2M100: en)")
+
+
+def _add_translate(subparsers) -> None:
+  from seq2seq_jax.configs import TranslateFileConfig
+  defaults = TranslateFileConfig()
+  parser = subparsers.add_parser(
+      "translate", help="translate a file (or stdin) line by line, on every device",
+      description="Translates --input (default: standard input) line by line into --output "
+                  "(default: standard output) on every visible device, in bounded memory: a "
+                  "window of lines is sorted by length and decoded in token-budget batches; "
+                  "results are written in input order. File to file, the run is resumable: "
+                  "after Ctrl-C or kill -9 the same command continues after the last complete "
+                  "line (a side record OUTPUT.progress.json says how far it got). An empty line "
+                  "gives an empty line; a line longer than the model allows is truncated with a "
+                  "warning naming it; invalid UTF-8 is an error naming the line.")
+  _add_search_flags(parser)
+  parser.add_argument("--input", default=None, metavar="FILE",
+                      help="sentences to translate, one per line, plain or .gz (default: stdin)")
+  parser.add_argument("--output", default=None, metavar="FILE",
+                      help="where translations go, one line per input line (default: stdout)")
+  parser.add_argument("--n-best", type=int, default=0, metavar="K",
+                      help="write K lines 'INDEX ||| TEXT ||| SCORE' per input, best first (beam "
+                           "search; SCORE is the length-normalised log-probability)")
+  parser.add_argument("--scores", action="store_true",
+                      help="write 'TEXT ||| LOGPROB': each output's total log-probability")
+  parser.add_argument("--score-references", default=None, metavar="FILE",
+                      help="translate nothing: write the log-probability of each line of FILE "
+                           "given the same line of the input (forced decoding)")
+  parser.add_argument("--window", type=int, default=defaults.window_lines, metavar="LINES",
+                      help="lines read, sorted and batched together (default: %(default)s)")
+  parser.add_argument("--batch-tokens", type=int, default=defaults.batch_tokens, metavar="N",
+                      help="padded source tokens in a full batch (default: %(default)s); "
+                           f"--batch-size caps its rows (default: {defaults.max_rows})")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="start --output over although it exists or is unfinished")
+  parser.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
+                      help="a progress bar (on a terminal: auto), plain lines, or nothing")
   parser.set_defaults(run=run_translate)
 
 
+def _model_name(args: argparse.Namespace, translator: Any) -> str:
+  """How a resumed translation names its model: the checkpoint's folder (and step)."""
+  if args.pretrained:
+    return f"pretrained {pathlib.Path(args.pretrained).expanduser().absolute()}"
+  return f"workdir {pathlib.Path(args.workdir).expanduser().absolute()} step {translator.step}"
+
+
 def run_translate(args: argparse.Namespace) -> int:
+  import jax
+
+  from seq2seq_jax.configs import TranslateFileConfig
+  from seq2seq_jax.inference import files
+  from seq2seq_jax.training.sharding import make_mesh, maybe_initialize_distributed
+
+  maybe_initialize_distributed()  # before anything touches devices; a no-op on one host
+  config = TranslateFileConfig(
+      window_lines=args.window, batch_tokens=args.batch_tokens,
+      max_rows=args.batch_size or TranslateFileConfig().max_rows, n_best=args.n_best,
+      scores=args.scores, references=args.score_references or "", progress=args.progress)
+  translator = _translator(args, mesh=make_mesh())
+  try:
+    result = files.translate_file(
+        translator, args.input, args.output, config=config, beam_size=args.beam_size,
+        alpha=args.alpha, method=args.method, max_decode_len=args.max_decode_len,
+        source_lang=args.source_lang, target_lang=args.target_lang, overwrite=args.overwrite,
+        model_name=_model_name(args, translator))
+  except files.TranslationInterrupted as interrupted:
+    where = (f"; {interrupted.lines_done} lines of {interrupted.output} are complete. Rerun the "
+             "same command to resume" if interrupted.output else "")
+    print(f"seq2seq-jax translate: interrupted{where}", file=sys.stderr)
+    return 130
+  if args.progress != "none" and result.decoded and jax.process_index() == 0:
+    rate = result.decoded / max(result.seconds, 1e-9)
+    devices = translator.mesh.devices.size
+    print(f"seq2seq-jax translate: {result.lines} lines ({result.decoded} decoded"
+          + (f", resumed after line {result.resumed_from}" if result.resumed_from else "")
+          + f") in {result.seconds:.1f} s on {devices} device{'s' * (devices > 1)} of "
+          f"{jax.process_count()} process{'es' * (jax.process_count() > 1)}: {rate:.1f} "
+          f"sentences/s, {result.tokens / max(result.seconds, 1e-9):.0f} tokens/s"
+          + (f" -> {result.output}" if result.output else ""), file=sys.stderr)
+  return 0
+
+
+def _add_export(subparsers) -> None:
+  parser = subparsers.add_parser(
+      "export", help="serialize encode + search with jax.export for CPU, CUDA and TPU",
+      description="Writes one file holding the model's encode + search as StableHLO "
+                  "(jax.export) for a fixed set of batch shapes, its parameters and its "
+                  "tokenizer. seq2seq_jax.serving.load_exported(FILE).translate(sentences) runs "
+                  "it without the model's Python code, on any of --platforms.")
+  _add_search_flags(parser)
+  parser.add_argument("--out", required=True, metavar="FILE", help="the artifact to write")
+  parser.add_argument("--platforms", default="cpu,cuda,tpu",
+                      help="comma-separated jax.export platforms: cpu, cuda, rocm, tpu "
+                           "(default: %(default)s)")
+  parser.add_argument("--bucket-lengths", default=None, metavar="L1,L2,...",
+                      help="padded source lengths to export (default: the run's buckets)")
+  parser.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+  from seq2seq_jax.inference import exported
   translator = _translator(args)
-  lines = [line.rstrip("\r\n") for line in sys.stdin]
-  for translation in translator.translate(lines, beam_size=args.beam_size, alpha=args.alpha,
-                                          max_decode_len=args.max_decode_len,
-                                          source_lang=args.source_lang,
-                                          target_lang=args.target_lang):
-    print(translation)
+  lengths = None
+  if args.bucket_lengths:
+    try:
+      lengths = tuple(int(x) for x in args.bucket_lengths.split(",") if x.strip())
+    except ValueError:
+      raise ValueError(f"--bucket-lengths {args.bucket_lengths!r}: expected comma-separated "
+                       "integers, e.g. 16,32,64") from None
+  platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
+  info = exported.export_translator(
+      translator, args.out, platforms=platforms, bucket_lengths=lengths,
+      beam_size=args.beam_size, alpha=args.alpha, method=args.method,
+      max_decode_len=args.max_decode_len, source_lang=args.source_lang,
+      target_lang=args.target_lang)
+  print(f"wrote {args.out} ({info.bytes / 2**20:.1f} MiB): {info.method} for "
+        f"{', '.join(info.platforms)}, batch shapes "
+        f"{', '.join(f'{r}x{l}' for r, l in info.shapes)}")
   return 0
 
 
@@ -373,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_train(subparsers)
   _add_evaluate(subparsers)
   _add_translate(subparsers)
+  _add_export(subparsers)
   _add_save_pretrained(subparsers)
   return parser
 

@@ -251,6 +251,33 @@ class DecodeConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class TranslateFileConfig:
+  """How ``inference.translate_file`` reads, batches and writes a file (the search is a
+  ``DecodeConfig``'s)."""
+
+  window_lines: int = 20_000  # lines read, sorted by length and batched together: bounds memory
+  batch_tokens: int = 8192  # padded source tokens (rows x bucket length) of a full batch
+  max_rows: int = 256  # most sentences in one batch
+  row_multiple: int = 8  # batch rows are a multiple of this (and of the mesh's data axis)
+  n_best: int = 0  # K > 0: K lines "INDEX ||| TEXT ||| SCORE" per input, best first (beam search)
+  scores: bool = False  # "TEXT ||| LOGPROB" per input: the output's total log-probability
+  references: str = ""  # a file of translations: write their forced-decoding log-probs instead
+  progress: str = "auto"  # "bar" (tqdm), "lines" (plain), "none"; "auto": a bar on a terminal
+  report_every_s: float = 30.0  # seconds between plain progress lines
+
+  def __post_init__(self):
+    _check_positive(self, "window_lines", "batch_tokens", "max_rows", "row_multiple")
+    if not isinstance(self.n_best, int) or self.n_best < 0:
+      _fail(self, "n_best", self.n_best, "must be >= 0 (0: one translation per line)")
+    if self.references and (self.n_best or self.scores):
+      _fail(self, "references", self.references,
+            "scores given translations; it cannot be combined with n_best or scores")
+    _check_choice(self, "progress", ("auto", "bar", "lines", "none"))
+    if self.report_every_s <= 0:
+      _fail(self, "report_every_s", self.report_every_s, "must be > 0 seconds")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
   """Which corpus, how it is tokenized, filtered, bucketed and batched."""
 

@@ -111,7 +111,8 @@ def test_translate_truncates_long_lines_with_a_warning_on_stderr(tiny_run):
                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stderr
   assert len(run.stdout.splitlines()) == 2
-  assert "sentence 0 has" in run.stderr and "truncated to the model's limit of 48" in run.stderr
+  assert "<stdin>: line 1 has" in run.stderr
+  assert "truncated to the model's limit of 48" in run.stderr
 
 
 def test_unknown_set_field_lists_valid_ones(tmp_path, capsys):

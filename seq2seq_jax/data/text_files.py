@@ -62,6 +62,28 @@ def gunzip(data: bytes, name: str) -> bytes:
                     "pass the decompressed text file") from e
 
 
+def invalid_utf8(name: str, line: int, column: int, reason: str) -> DataError:
+  """The error for bytes that are not UTF-8 at ``line`` (1-based), byte ``column`` (1-based)."""
+  return DataError(f"{name}: line {line}, byte {column}: invalid UTF-8 ({reason}); re-encode "
+                   "the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)")
+
+
+def decode_line(raw: bytes, name: str, number: int) -> str:
+  """One line of a file as text, without its ``\\n`` or ``\\r\\n``; a UTF-8 byte order
+  mark on line 1 is dropped.
+
+  Raises:
+    DataError: the bytes are not UTF-8 (naming the file, the line and the byte).
+  """
+  if raw.endswith(b"\n"):
+    raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise invalid_utf8(name, number, e.start + 1, e.reason) from e
+  return text[1:] if number == 1 and text.startswith("\ufeff") else text
+
+
 def decode_lines(data: bytes, name: str) -> list[str]:
   """Splits UTF-8 text into its lines, rejecting what cannot be a sentence per line.
 
@@ -81,8 +103,7 @@ def decode_lines(data: bytes, name: str) -> list[str]:
   except UnicodeDecodeError as e:
     line = data.count(b"\n", 0, e.start) + 1
     column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-    raise DataError(f"{name}: line {line}, byte {column}: invalid UTF-8 ({e.reason}); "
-                    "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from e
+    raise invalid_utf8(name, line, column, e.reason) from e
   if text.startswith("\ufeff"):
     text = text[1:]  # a UTF-8 byte order mark is not part of the first sentence
   if text.endswith("\n"):

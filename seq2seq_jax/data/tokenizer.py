@@ -19,12 +19,14 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import io
 import logging
 import os
 import pathlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -232,3 +234,24 @@ def load_or_train_tokenizer(data_config: DataConfig, path: str | os.PathLike) ->
   tokenizer = train_tokenizer(data_config)
   tokenizer.save(path)
   return tokenizer
+
+
+def tokenizer_to_json(tokenizer: Any) -> dict[str, Any]:
+  """A tokenizer as JSON, as checkpoints and exported artifacts store it: the run's
+  sentencepiece model, or a pretrained checkpoint's tokenizer (``to_dict()``, with its
+  ``kind``)."""
+  if tokenizer is None:
+    return {"sentencepiece_base64": None}
+  if hasattr(tokenizer, "to_dict"):
+    return {"pretrained": tokenizer.to_dict()}
+  return {"sentencepiece_base64": base64.b64encode(tokenizer.to_bytes()).decode("ascii")}
+
+
+def tokenizer_from_json(values: dict[str, Any]) -> Any:
+  """Inverse of ``tokenizer_to_json``; None when nothing was stored."""
+  if values.get("pretrained"):
+    from seq2seq_jax.pretrained import tokenizers  # pylint: disable=import-outside-toplevel
+    return tokenizers.tokenizer_from_dict(values["pretrained"])
+  if values.get("sentencepiece_base64"):
+    return Tokenizer.from_bytes(base64.b64decode(values["sentencepiece_base64"]))
+  return None

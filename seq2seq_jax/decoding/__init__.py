@@ -13,6 +13,7 @@ from seq2seq_jax.decoding.beam import length_penalty as length_penalty
 from seq2seq_jax.decoding.generation import decode_length as decode_length
 from seq2seq_jax.decoding.generation import generate as generate
 from seq2seq_jax.decoding.generation import generate_uncached as generate_uncached
+from seq2seq_jax.decoding.generation import search_fn as search_fn
 from seq2seq_jax.decoding.greedy import greedy_search as greedy_search
 from seq2seq_jax.decoding.sampling import sample as sample
 from seq2seq_jax.decoding.sampling import sample_logprobs as sample_logprobs
@@ -33,4 +34,5 @@ __all__ = [
     "length_penalty",
     "sample",
     "sample_logprobs",
+    "search_fn",
 ]

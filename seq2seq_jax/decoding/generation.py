@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -57,10 +57,8 @@ def _uncached_step_fn(model: nn.Module, params: PyTree, memory: PyTree) -> StepF
   return step_fn
 
 
-@functools.partial(jax.jit, static_argnames=("model", "decode_config", "max_decode_len",
-                                              "cached", "n_best"))
-def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, *,
-              decode_config: DecodeConfig, max_decode_len: int, cached: bool, n_best: bool):
+def _search(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, *,
+            decode_config: DecodeConfig, max_decode_len: int, cached: bool, n_best: bool):
   batch = inputs_BS.shape[0]
   ids = special_ids(model)
   memory = model.apply({"params": params}, inputs_BS, method="encode")
@@ -90,11 +88,32 @@ def _generate(model: nn.Module, params: PyTree, inputs_BS: Array, rng: PRNGKey, 
   return greedy_search(step_fn, cache, **common)
 
 
+_generate = jax.jit(_search, static_argnames=("model", "decode_config", "max_decode_len",
+                                              "cached", "n_best"))
+
+
+def _check_n_best(decode_config: DecodeConfig, n_best: bool) -> None:
+  if n_best and decode_config.method != "beam":
+    raise ValueError(f"n_best=True needs method='beam'; got method={decode_config.method!r}")
+
+
+def search_fn(model: nn.Module, decode_config: DecodeConfig, *, max_decode_len: int,
+              n_best: bool = False) -> Callable[[PyTree, Array, PRNGKey], tuple[Array, Array]]:
+  """The pure function ``generate`` jits: ``(params, inputs_BS, rng) -> (tokens, scores)``.
+
+  For callers that jit it themselves, with shardings over a device mesh
+  (``seq2seq_jax.inference.Translator``), or serialize it with ``jax.export``.
+  The search is the cached one, with a fixed output limit ``max_decode_len``.
+  """
+  _check_n_best(decode_config, n_best)
+  return functools.partial(_search, model, decode_config=decode_config,
+                           max_decode_len=max_decode_len, cached=True, n_best=n_best)
+
+
 def _run(model, params, inputs_BS, decode_config, rng, cached, n_best):
   if not isinstance(decode_config, DecodeConfig):
     raise TypeError(f"decode_config must be a DecodeConfig; got {type(decode_config).__name__}")
-  if n_best and decode_config.method != "beam":
-    raise ValueError(f"n_best=True needs method='beam'; got method={decode_config.method!r}")
+  _check_n_best(decode_config, n_best)
   inputs_BS = jnp.asarray(inputs_BS)
   if inputs_BS.ndim != 2 or not jnp.issubdtype(inputs_BS.dtype, jnp.integer):
     raise ValueError(f"inputs_BS must be integer token ids [B, S]; got {inputs_BS.dtype} "

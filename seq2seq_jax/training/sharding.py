@@ -54,6 +54,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -249,6 +250,30 @@ def sync_processes(name: str, timeout_s: float = 1800.0) -> None:
   _barrier_count += 1
   distributed.global_state.client.wait_at_barrier(f"seq2seq_jax:{_barrier_count}:{name}",
                                                   timeout_in_ms=int(timeout_s * 1000))
+
+
+_broadcast_count = 0
+
+
+def broadcast_json(name: str, value: Any = None, timeout_s: float = 1800.0) -> Any:
+  """Process 0's ``value`` (JSON-serialisable), returned on every process.
+
+  Through the distributed runtime's key-value service, like ``sync_processes``:
+  for host-side decisions (where a resumed run starts, an error to raise on
+  every host) without a device collective. Every process must make the same calls
+  in the same order; the others' ``value`` is ignored. One process: ``value``.
+  """
+  global _broadcast_count
+  if jax.process_count() == 1:
+    return value
+  from jax._src import distributed  # the client behind jax.distributed.initialize
+  _broadcast_count += 1
+  key = f"seq2seq_jax:broadcast:{_broadcast_count}:{name}"
+  client = distributed.global_state.client
+  if jax.process_index() == 0:
+    client.key_value_set(key, json.dumps(value))
+    return value
+  return json.loads(client.blocking_key_value_get(key, int(timeout_s * 1000)))
 
 
 # Environment variables that describe a multi-process run. JAX_COORDINATOR_ADDRESS

@@ -1,0 +1,444 @@
+"""Text in, text out: tokenize, bucket, generate on every device of a mesh, restore order, detokenize.
+
+Example:
+  >>> translator = Translator.from_workdir("workdirs/multi30k_transformer")
+  >>> translator.translate(["Ein Hund läuft.", "Zwei Männer sitzen auf einer Bank."],
+  ...                      beam_size=4, alpha=0.6)
+  ['A dog is running.', 'Two men are sitting on a bench.']
+  >>> translator = Translator.from_workdir("workdirs/multi30k_transformer", mesh=make_mesh())
+  >>> translator.translate_file("test.de", "test.en")  # all devices, resumable
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import pathlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from seq2seq_jax.configs import DecodeConfig
+from seq2seq_jax.decoding import length_penalty, search_fn
+from seq2seq_jax.inference.batching import (PlannedBatch, TruncationHandler, bucket_length,
+                                            pad_batch, plan_batches, truncate_rows)
+from seq2seq_jax.models.base import special_ids
+from seq2seq_jax.training.sharding import DATA_AXIS, make_mesh
+from seq2seq_jax.types import Array, PyTree
+
+
+def _target_logprobs(model: nn.Module, params: PyTree, inputs_BS: Array,
+                     targets_BT: Array) -> Array:
+  """log p(target token | source, previous targets) ``[B, T]``, float32 (teacher forcing)."""
+  logits_BTV = model.apply({"params": params}, inputs_BS, targets_BT)
+  logprobs_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+  return jnp.take_along_axis(logprobs_BTV, targets_BT[..., None], axis=-1)[..., 0]
+
+
+def put_global(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
+  """A host array (the same on every host) placed as ``sharding`` says, on one host or many."""
+  value = np.asarray(value)
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+  """A replicated (or fully addressable) array as NumPy, on every host of a multi-host run."""
+  if array.is_fully_addressable:
+    return np.asarray(array)
+  return np.asarray(array.addressable_data(0))
+
+
+def output_lengths(tokens_NT: np.ndarray, eos_id: int) -> np.ndarray:
+  """Generated tokens per row, EOS included (the whole row when it has no EOS): ``[N]``."""
+  is_eos_NT = tokens_NT == eos_id
+  return np.where(is_eos_NT.any(-1), is_eos_NT.argmax(-1) + 1, tokens_NT.shape[-1])
+
+
+def total_logprobs(tokens_NT: np.ndarray, scores_N: np.ndarray, config: DecodeConfig,
+                   eos_id: int) -> np.ndarray:
+  """The total log-probability of each output, from a search's scores ``[N]`` (float64).
+
+  Beam search divides by the GNMT length penalty of the output's length (EOS
+  included); this multiplies it back. Greedy and sampling scores are totals already.
+  """
+  scores_N = np.asarray(scores_N, np.float64)
+  if config.method != "beam":
+    return scores_N
+  lengths_N = output_lengths(tokens_NT, eos_id)
+  return scores_N * np.asarray(length_penalty(lengths_N, config.alpha), np.float64)
+
+
+def _one_ahead(items: Sequence[Any], dispatch: Callable[[Any], Any]) -> Iterator[tuple[Any, Any]]:
+  """``(item, dispatch(item))`` for each item, yielded once the next item is dispatched: JAX
+  runs asynchronously, so the devices work on one batch while the caller handles the last."""
+  pending = None
+  for item in items:
+    running = (item, dispatch(item))
+    if pending is not None:
+      yield pending
+    pending = running
+  if pending is not None:
+    yield pending
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodedBatch:
+  """One decoded batch of a plan, on the host, padding rows dropped.
+
+  ``tokens`` is ``[n, T]``, or ``[n, W, T]`` for an n-best search; ``scores`` is
+  ``[n]`` or ``[n, W]``: the search's scores (beam: divided by the length penalty).
+  """
+
+  batch: PlannedBatch
+  tokens: np.ndarray
+  scores: np.ndarray
+
+
+class Translator:
+  """Translates lists of sentences (or whole files) with a trained model.
+
+  Sources are sorted by length and cut into batches; each batch is padded to one
+  of a few bucket lengths and row counts, so a whole corpus compiles a handful of
+  programs and a single sentence never recompiles. Rows decode independently: a
+  sentence's translation does not depend on its neighbours in the batch, nor on
+  the number of devices. Batches are split over the ``data`` axis of ``mesh``
+  (``NamedSharding``, the mesh code of training), parameters replicated; while
+  the devices decode one batch, the host prepares the next.
+
+  Args:
+    model: a model with the encode / init_cache / decode_step contract.
+    params: its parameters.
+    tokenizer: the run's ``seq2seq_jax.data.tokenizer.Tokenizer``, or a pretrained
+      checkpoint's (``seq2seq_jax.pretrained.tokenizers``).
+    decode_config: default search settings (``translate`` may override them).
+    max_source_len: longest source in tokens (EOS included); longer inputs are
+      truncated with a warning on the ``seq2seq_jax`` logger.
+    bucket_lengths: padded source lengths; ``max_source_len`` is always added.
+    batch_size: most rows decoded at once by ``translate`` and ``score``.
+    mesh: a ``("data", "model")`` mesh (``seq2seq_jax.make_mesh()``: every device of
+      every host); default: the first device alone.
+  """
+
+  def __init__(self, model: nn.Module, params: PyTree, tokenizer: Any, *,
+               decode_config: DecodeConfig = DecodeConfig(), max_source_len: int = 128,
+               bucket_lengths: Sequence[int] = (16, 32, 64), batch_size: int = 64,
+               mesh: Mesh | None = None):
+    model_max = getattr(getattr(model, "config", None), "max_len", max_source_len)
+    if max_source_len > model_max:
+      raise ValueError(f"max_source_len={max_source_len} exceeds the model's max_len={model_max}")
+    if batch_size <= 0:
+      raise ValueError(f"batch_size={batch_size} must be positive")
+    self.model = model
+    self.tokenizer = tokenizer
+    self.decode_config = decode_config
+    self.max_source_len = max_source_len
+    self.bucket_lengths = tuple(sorted({b for b in bucket_lengths if b < max_source_len}
+                                       | {max_source_len}))
+    self.batch_size = batch_size
+    self.config = None  # the ExperimentConfig, when loaded with from_workdir
+    self.step = None  # the checkpoint step, when loaded with from_workdir
+    self.pretrained = None  # the pretrained.Pretrained, when loaded with from_pretrained
+    self.ids = special_ids(model)
+    self.mesh = mesh if mesh is not None else make_mesh(devices=jax.devices()[:1])
+    self.data_devices = self.mesh.shape[DATA_AXIS]  # batch rows come in multiples of this
+    self._replicated = NamedSharding(self.mesh, P())
+    self._rows = NamedSharding(self.mesh, P(DATA_AXIS))
+    self.params = jax.tree.map(lambda x: put_global(jax.device_get(x), self._replicated), params)
+    self._programs: dict[Any, Callable] = {}
+
+  @classmethod
+  def from_workdir(cls, workdir: str | os.PathLike, *, step: int | str | None = None,
+                   **kwargs) -> "Translator":
+    """Loads the model, parameters, tokenizer and settings a training run saved.
+
+    Args:
+      workdir: the training run's directory (holding ``checkpoints/``).
+      step: ``"best"`` (highest validation BLEU), ``"latest"`` or a step number;
+        default: the best when a checkpoint has a validation BLEU, else the latest.
+      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``).
+
+    Raises:
+      CheckpointError: ``workdir`` holds no checkpoint (the message says where it looked).
+    """
+    from seq2seq_jax import checkpoints
+    from seq2seq_jax.models.registry import build_model
+
+    directory = pathlib.Path(workdir).expanduser() / "checkpoints"
+    if not directory.is_dir():
+      raise checkpoints.CheckpointError(
+          f"{directory} does not exist: {workdir} is not a training run's workdir; train first "
+          "(seq2seq-jax train --workdir ...) or point to the right folder")
+    with checkpoints.Checkpointer(directory, keep=1, async_save=False) as checkpointer:
+      if step is None:
+        step = "best" if checkpointer.best_step() is not None else "latest"
+      step = checkpointer.resolve_step(step)
+      tokenizer = checkpointer.load_tokenizer(step)
+    if tokenizer is None:
+      raise checkpoints.CheckpointError(f"{directory}/{step} holds no tokenizer")
+    params, config = checkpoints.load_params(directory, step=step)
+    options = dict(decode_config=config.decode,
+                   max_source_len=min(config.model.max_len, config.data.max_source_len),
+                   bucket_lengths=config.data.bucket_lengths,
+                   batch_size=config.data.eval_batch_size)
+    options.update(kwargs)
+    translator = cls(build_model(config.model), params, tokenizer, **options)
+    translator.config, translator.step = config, step
+    return translator
+
+  @classmethod
+  def from_pretrained(cls, path: str | os.PathLike, *, dtype: str = "float32",
+                      **kwargs) -> "Translator":
+    """Loads a published checkpoint (OPUS-MT / Marian, M2M100, NLLB) saved by transformers.
+
+    Searches as its ``generation_config.json`` says (``pretrained.decode_config``),
+    except the length limit, which follows the ratio rule of ``max_decode_len``
+    unless ``translate`` is given one.
+
+    Args:
+      path: a ``save_pretrained`` directory (see ``seq2seq_jax.pretrained.load``).
+      dtype: compute dtype, "float32" or "bfloat16".
+      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``).
+    """
+    from seq2seq_jax import pretrained  # pylint: disable=import-outside-toplevel
+    checkpoint = pretrained.load(path, dtype=dtype)
+    options = dict(decode_config=dataclasses.replace(checkpoint.decode_config, max_decode_len=0),
+                   max_source_len=min(checkpoint.config.max_len, 256),
+                   bucket_lengths=(16, 32, 64, 128), batch_size=32)
+    options.update(kwargs)
+    translator = cls(checkpoint.model, checkpoint.params, checkpoint.tokenizer, **options)
+    translator.pretrained = checkpoint
+    return translator
+
+  # ---- settings ------------------------------------------------------------------------------
+  def max_decode_len(self, config: DecodeConfig) -> int:
+    """The output limit used for every batch: the ratio applied to ``max_source_len``."""
+    limit = config.decode_len(self.max_source_len)
+    model_max = getattr(getattr(self.model, "config", None), "max_len", None)
+    return min(limit, model_max) if model_max else limit
+
+  def resolve_decode_config(self, *, beam_size: int | None = None, alpha: float | None = None,
+                            method: str | None = None, max_decode_len: int | None = None,
+                            target_lang: str | None = None) -> DecodeConfig:
+    """The search ``translate`` runs: the defaults with these overrides, one fixed length limit.
+
+    Arguments as ``translate``'s. The limit is the same for every batch, whatever
+    its bucket, so a sentence's translation does not depend on the longest sentence
+    it was batched with; searches stop as soon as every row has finished, so the
+    limit costs nothing when unused.
+    """
+    config = self.decode_config
+    changes: dict[str, Any] = {}
+    if beam_size is not None:
+      changes["beam_size"] = beam_size
+      changes["method"] = "beam" if beam_size > 1 else "greedy"
+    if alpha is not None:
+      changes["alpha"] = alpha
+    if method is not None:
+      changes["method"] = method
+    if max_decode_len is not None:
+      changes["max_decode_len"] = max_decode_len
+    prefix = self.tokenizer.target_prefix(target_lang)
+    if len(prefix) > 1:
+      raise ValueError(f"target prefix {prefix} has {len(prefix)} tokens; only one (a "
+                       "language code) can be forced")
+    if prefix:
+      changes["forced_bos_id"] = prefix[0]
+    if not changes.get("max_decode_len", config.max_decode_len):
+      changes["max_decode_len"] = self.max_decode_len(config)
+    return dataclasses.replace(config, **changes)
+
+  # ---- tokens --------------------------------------------------------------------------------
+  def encode(self, sentences: Sequence[str], source_lang: str | None = None, *,
+             numbers: Sequence[int] | None = None, what: str = "sentence",
+             on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+    """Token ids of each sentence as the model reads them (language code and EOS
+    included, as the tokenizer adds them), truncated to ``max_source_len``.
+
+    Args:
+      sentences: source texts.
+      source_lang: a multilingual checkpoint's source language code.
+      numbers: how warnings name each sentence (e.g. its line number); default its index.
+      what: the noun before the number in warnings ("sentence", "input.de: line").
+      on_truncate: called as ``on_truncate(number, tokens, limit)`` for each truncated
+        sentence instead of the warning.
+    """
+    rows = self.tokenizer.encode_source(list(sentences), source_lang)
+    return truncate_rows(rows, self.max_source_len, what=what, numbers=numbers,
+                         on_truncate=on_truncate)
+
+  def _pad(self, rows: list[list[int]], length: int, count: int) -> np.ndarray:
+    return pad_batch(rows, length=length, count=count, pad_id=self.ids.pad_id,
+                     eos_id=self.ids.eos_id)
+
+  def plan(self, lengths: Sequence[int], *, max_rows: int | None = None,
+           batch_tokens: int | None = None, row_multiple: int = 1,
+           bucket_lengths: Sequence[int] | None = None,
+           full_tails: bool = False) -> list[PlannedBatch]:
+    """Batches for sources of token ``lengths`` (``batching.plan_batches``): at most
+    ``max_rows`` (default ``batch_size``) rows, a multiple of ``row_multiple`` and of
+    the mesh's data axis."""
+    return plan_batches(lengths, bucket_lengths=bucket_lengths or self.bucket_lengths,
+                        max_rows=max_rows or self.batch_size, batch_tokens=batch_tokens,
+                        row_multiple=math.lcm(row_multiple, self.data_devices),
+                        full_tails=full_tails)
+
+  # ---- decoding ------------------------------------------------------------------------------
+  def _program(self, key: Any, build: Callable[[], Callable], *, row_args: int,
+               keyed: bool) -> Callable:
+    """A jitted program, built once: parameters replicated, then ``row_args`` arguments
+    split by rows over the data axis, then (``keyed``) a replicated random key; the
+    outputs replicated, so every host of a multi-host run holds them whole."""
+    if key not in self._programs:
+      in_shardings = (self._replicated,) + (self._rows,) * row_args + (self._replicated,) * keyed
+      self._programs[key] = jax.jit(build(), in_shardings=in_shardings,
+                                    out_shardings=self._replicated)
+    return self._programs[key]
+
+  def place_batch(self, encoded: Sequence[Sequence[int]], batch: PlannedBatch) -> jax.Array:
+    """The sources of ``batch`` padded to its shape ``[rows, length]``, rows split over the
+    mesh's data axis (on every host, each its devices' rows): what ``search`` reads."""
+    inputs_BS = self._pad([encoded[i] for i in batch.indices], batch.length, batch.rows)
+    return put_global(inputs_BS, self._rows)
+
+  def search(self, config: DecodeConfig, *, n_best: bool = False) -> Callable:
+    """The jitted search ``(params, inputs_BS, rng) -> (tokens, scores)`` over the mesh."""
+    return self._program(
+        ("search", config, n_best),
+        lambda: search_fn(self.model, config, max_decode_len=config.max_decode_len,
+                          n_best=n_best), row_args=1, keyed=True)
+
+  def decode_batches(self, encoded: Sequence[Sequence[int]], plan: Sequence[PlannedBatch],
+                     config: DecodeConfig, *, n_best: bool = False,
+                     rng: jax.Array | None = None) -> Iterator[DecodedBatch]:
+    """Decodes the batches of ``plan`` in order, yielding each on the host.
+
+    The next batch is sent to the devices before the previous one is fetched, so the
+    host's work (padding, detokenizing, writing) overlaps the devices'. A batch
+    samples with ``fold_in(rng, i)``, ``i`` its first sentence's index in ``encoded``
+    (default ``rng``: ``key(config.seed)``): the same key wherever the plan is cut.
+    """
+    search = self.search(config, n_best=n_best)
+    rng = jax.random.key(config.seed) if rng is None else rng
+
+    def dispatch(batch: PlannedBatch):
+      return search(self.params, self.place_batch(encoded, batch),
+                    jax.random.fold_in(rng, batch.indices[0]))
+
+    for batch, (tokens, scores) in _one_ahead(plan, dispatch):
+      count = len(batch.indices)
+      yield DecodedBatch(batch, to_host(tokens)[:count], to_host(scores)[:count])
+
+  def translate(self, sentences: Sequence[str], *, beam_size: int | None = None,
+                alpha: float | None = None, method: str | None = None,
+                max_decode_len: int | None = None, source_lang: str | None = None,
+                target_lang: str | None = None) -> list[str]:
+    """Translations of ``sentences``, in their order; an empty line gives ''.
+
+    Args:
+      sentences: source texts.
+      beam_size: > 1 implies beam search unless ``method`` says otherwise.
+      alpha: the GNMT length-penalty exponent of beam search.
+      method: "greedy", "beam" or "sample".
+      max_decode_len: the most tokens generated per sentence, EOS and a forced
+        language code included (as transformers' ``max_new_tokens``); default: the
+        ratio rule of ``max_decode_len()``.
+      source_lang, target_lang: language codes of multilingual checkpoints
+        (M2M100 "de", NLLB "deu_Latn"); the target's code is forced as the first
+        output token. Must be None for single-pair models.
+    """
+    config = self.resolve_decode_config(beam_size=beam_size, alpha=alpha, method=method,
+                                        max_decode_len=max_decode_len, target_lang=target_lang)
+    outputs = [""] * len(sentences)
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    encoded = self.encode([sentences[i] for i in todo], source_lang)
+    plan = self.plan([len(ids) for ids in encoded])
+    for decoded in self.decode_batches(encoded, plan, config):
+      texts = self.tokenizer.decode_batch(decoded.tokens)
+      for j, text in zip(decoded.batch.indices, texts):
+        outputs[todo[j]] = text
+    return outputs
+
+  def translate_file(self, input_path: str | os.PathLike | None,
+                     output_path: str | os.PathLike | None, **kwargs):
+    """Translates a file line by line into another: ``inference.translate_file(self, ...)``."""
+    from seq2seq_jax.inference.files import translate_file  # pylint: disable=import-outside-toplevel
+    return translate_file(self, input_path, output_path, **kwargs)
+
+  # ---- forced decoding -----------------------------------------------------------------------
+  def encode_targets(self, targets: Sequence[str], target_lang: str | None = None, *,
+                     numbers: Sequence[int] | None = None, what: str = "target",
+                     on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+    """Decoder targets (forced prefix, pieces, EOS), truncated to the model's ``max_len``."""
+    max_len = getattr(getattr(self.model, "config", None), "max_len", None) or 1 << 30
+    return truncate_rows(self.tokenizer.encode_target(list(targets), target_lang), max_len,
+                         what=what, numbers=numbers, on_truncate=on_truncate)
+
+  def score_plan(self, inputs: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                 **plan_options) -> list[PlannedBatch]:
+    """Batches for forced decoding, by the longer side of each pair (``plan``'s options)."""
+    return self.plan([max(len(src), len(tgt)) for src, tgt in zip(inputs, outputs)],
+                     bucket_lengths=self._target_buckets(), **plan_options)
+
+  def _target_buckets(self) -> tuple[int, ...]:
+    max_len = getattr(getattr(self.model, "config", None), "max_len", None) or 1 << 30
+    return tuple(sorted(set(self.bucket_lengths) | {max_len}))
+
+  def score_batches(self, inputs: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                    plan: Sequence[PlannedBatch], *, prefix: int = 0
+                    ) -> Iterator[tuple[PlannedBatch, list[float]]]:
+    """Forced decoding of the batches of ``plan`` (``score_plan``), one batch ahead on the
+    devices: each pair's summed target log p, its first ``prefix`` tokens fed but not
+    scored (float64 sums of float32 log-probabilities)."""
+    program = self._program(("score",), lambda: functools.partial(_target_logprobs, self.model),
+                            row_args=2, keyed=False)
+    target_buckets = self._target_buckets()
+
+    def dispatch(batch: PlannedBatch):
+      sources = [inputs[j] for j in batch.indices]
+      targets = [outputs[j] for j in batch.indices]
+      inputs_BS = self._pad(sources, bucket_length(self.bucket_lengths, max(map(len, sources))),
+                            batch.rows)
+      targets_BT = self._pad(targets, bucket_length(target_buckets, max(map(len, targets))),
+                             batch.rows)
+      return program(self.params, put_global(inputs_BS, self._rows),
+                     put_global(targets_BT, self._rows))
+
+    for batch, logprobs in _one_ahead(plan, dispatch):
+      logprobs_BT = to_host(logprobs)
+      yield batch, [float(np.sum(logprobs_BT[r, prefix:len(outputs[j])], dtype=np.float64))
+                    for r, j in enumerate(batch.indices)]
+
+  def score(self, sources: Sequence[str], targets: Sequence[str], *,
+            source_lang: str | None = None, target_lang: str | None = None) -> list[float]:
+    """Forced decoding: for each pair, the sum of log p over the target's tokens and EOS.
+
+    The model reads each source and is fed each target (teacher forcing); the score
+    is the natural-log probability the model gives the target's tokens, EOS
+    included, not divided by any length penalty. A forced prefix (a multilingual
+    checkpoint's target language code) is fed but not scored, as generation forces
+    it. Targets longer than the model's ``max_len`` are truncated with a warning.
+    """
+    if len(sources) != len(targets):
+      raise ValueError(f"score needs one target per source; got {len(sources)} sources and "
+                       f"{len(targets)} targets")
+    prefix = len(self.tokenizer.target_prefix(target_lang))
+    return self.score_ids(self.encode(list(sources), source_lang),
+                          self.encode_targets(list(targets), target_lang), prefix=prefix)
+
+  def score_ids(self, inputs: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], *,
+                prefix: int = 0) -> list[float]:
+    """``score`` of token ids: ``inputs`` as ``encode`` gives them, ``outputs`` as
+    ``encode_targets`` (EOS last); the first ``prefix`` target tokens are not scored."""
+    scores = [0.0] * len(inputs)
+    for batch, values in self.score_batches(inputs, outputs, self.score_plan(inputs, outputs),
+                                            prefix=prefix):
+      for j, value in zip(batch.indices, values):
+        scores[j] = value
+    return scores
