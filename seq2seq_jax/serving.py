@@ -6,9 +6,12 @@ tokenizer; running it needs ``jax`` and the tokenizer, not the model's code. The
 implementation lives in ``seq2seq_jax.inference.exported``.
 
 Example:
-  >>> from seq2seq_jax import serving
-  >>> translator = serving.load_exported("m30k.s2sx")
-  >>> translator.translate(["Ein Hund rennt."])
+  >>> from seq2seq_jax import inference, serving
+  >>> _ = inference.export_translator(inference.Translator.from_workdir("runs/tiny"),
+  ...                                 "tiny.s2sx", platforms=("cpu",), row_counts=(1,))
+  >>> translator = serving.load_exported("tiny.s2sx")  # no model code from here on
+  >>> [type(text).__name__ for text in translator.translate(["Ein Hund rennt."])]
+  ['str']
 """
 
 from seq2seq_jax.inference.exported import ExportedTranslator as ExportedTranslator

@@ -14,10 +14,16 @@ no model, config or search code of this library runs, only ``jax.export`` and th
 tokenizer. On the platform it was exported for it gives the Translator's output.
 
 Example:
-  >>> export_translator(Translator.from_workdir("runs/m30k"), "m30k.s2sx",
-  ...                   platforms=("cpu", "cuda", "tpu"), beam_size=4)
-  >>> load_exported("m30k.s2sx").translate(["Ein Hund rennt."])  # on any of the three
-  ['A dog is running.']
+  >>> from seq2seq_jax.inference import Translator
+  >>> translator = Translator.from_workdir("runs/tiny")
+  >>> info = export_translator(translator, "tiny.s2sx", platforms=("cpu", "cuda", "tpu"),
+  ...                          bucket_lengths=(16,), row_counts=(1, 2), beam_size=4)
+  >>> info.platforms, info.shapes  # (rows, length); the longest a sentence can be is added
+  (('cpu', 'cuda', 'tpu'), ((1, 16), (1, 48), (2, 16), (2, 48)))
+  >>> sentences = ["Ein Hund rennt.", "Zwei Männer sitzen auf einer Bank."]
+  >>> load_exported("tiny.s2sx").translate(sentences) == translator.translate(sentences,
+  ...                                                                         beam_size=4)
+  True
 """
 
 from __future__ import annotations
@@ -80,7 +86,8 @@ def export_translator(translator: Any, path: str | os.PathLike, *,
     path: the file to write (replaced atomically).
     platforms: ``jax.export`` platforms; one module serves all of them.
     bucket_lengths: padded source lengths to export (default: the translator's);
-      each at most its ``max_source_len``.
+      each at most its ``max_source_len``, which is always added (every sentence
+      must fit some shape).
     row_counts: batch rows to export (default: 1, 2, 4, ... up to its ``batch_size``,
       the Translator's own shapes).
     beam_size, alpha, method, max_decode_len, source_lang, target_lang: the search

@@ -28,9 +28,13 @@ batches; each feeds and decodes its own share of every batch's rows on its
 devices, and process 0 writes the one output.
 
 Example:
-  >>> translator = Translator.from_workdir("runs/m30k", mesh=make_mesh())
+  >>> from seq2seq_jax.training.sharding import make_mesh
+  >>> translator = Translator.from_workdir("runs/tiny", mesh=make_mesh())  # every device
   >>> result = translate_file(translator, "corpus.de", "corpus.en", beam_size=4)
-  >>> result.lines, result.seconds
+  >>> result.lines, result.decoded, len(pathlib.Path("corpus.en").read_text().splitlines())
+  (40, 40, 40)
+  >>> translate_file(translator, "corpus.de", "corpus.en", beam_size=4).decoded  # done: resumes
+  0
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """Text in, text out: tokenize, bucket, generate on every device of a mesh, restore order, detokenize.
 
 Example:
-  >>> translator = Translator.from_workdir("workdirs/multi30k_transformer")
-  >>> translator.translate(["Ein Hund läuft.", "Zwei Männer sitzen auf einer Bank."],
-  ...                      beam_size=4, alpha=0.6)
-  ['A dog is running.', 'Two men are sitting on a bench.']
-  >>> translator = Translator.from_workdir("workdirs/multi30k_transformer", mesh=make_mesh())
-  >>> translator.translate_file("test.de", "test.en")  # all devices, resumable
+  >>> translator = Translator.from_workdir("runs/tiny", mesh=make_mesh())  # what ``train`` wrote
+  >>> two = translator.translate(["Ein Hund läuft.", "Zwei Männer sitzen auf einer Bank."],
+  ...                            beam_size=4, alpha=0.6)
+  >>> len(two), all(isinstance(text, str) for text in two)
+  (2, True)
+  >>> translator.translate(["Ein Hund läuft."], beam_size=4, alpha=0.6) == two[:1]  # alone
+  True
+  >>> translator.translate_file("corpus.de", "corpus.en").lines  # a file, resumable
+  40
 """
 
 from __future__ import annotations

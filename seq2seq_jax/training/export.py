@@ -9,10 +9,14 @@ flat list of arrays (optax's state classes have no ``jax.export`` serialization)
 ``flat_train_state`` gives that list.
 
 Example:
+  >>> from seq2seq_jax.configs import TransformerConfig
+  >>> model_config = TransformerConfig(vocab_size=64, model_dim=16, num_heads=2, mlp_dim=32,
+  ...                                  num_encoder_layers=1, num_decoder_layers=1)
   >>> exported = export_train_step(model_config, TrainConfig(parameter_sharding="fsdp"),
-  ...                              batch_rows=64, source_len=32, target_len=32,
-  ...                              platforms=("tpu",))
-  >>> exported.nr_devices, len(exported.serialize())
+  ...                              batch_rows=8, source_len=12, target_len=12,
+  ...                              platforms=("tpu", "cuda"))
+  >>> exported.platforms, exported.nr_devices == jax.device_count()
+  (('tpu', 'cuda'), True)
 """
 
 from __future__ import annotations

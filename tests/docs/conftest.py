@@ -7,7 +7,8 @@ checkout. Examples that name a trained run (``runs/tiny``) or a published checkp
 ``seq2seq_jax.train`` wrote for the ``tiny_transformer`` preset, and the small
 MarianMT and M2M100 checkpoints that ``seq2seq_jax.pretrained.fixtures`` builds for
 the pretrained tests (real checkpoints of those families, trained for minutes, not
-the published weights, which this machine cannot download).
+the published weights, which this machine cannot download). A file an example
+translates (``corpus.de``) holds the first lines of Multi30k's German test set.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from tests.pretrained import conftest as pretrained_checkpoints
 # Names an example may use -> how to provide it.
 TINY_RUN = "runs/tiny"
 STAND_INS = {"opus-mt-de-en": "marian-de-en", "m2m100_418M": "m2m100-de-en"}
+# file name -> (the corpus file under ../shared/data it copies, how many lines)
+INPUT_FILES = {"corpus.de": ("multi30k_tiny/test_2016_flickr.de", 40)}
 
 
 def _shared_root(tmp_path_factory) -> pathlib.Path:
@@ -65,6 +68,10 @@ class Workspace:
     if TINY_RUN in text:
       corpus = shared / "data" / "multi30k_tiny"
       shutil.copytree(_tiny_run(root, corpus), work / TINY_RUN)
+    for name, (source, count) in INPUT_FILES.items():
+      if name in text:
+        lines = (shared / "data" / source).read_text(encoding="utf-8").splitlines()[:count]
+        (work / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     for name, built in STAND_INS.items():
       if name in text:
         checkpoint = pretrained_checkpoints._checkpoint(self._request, self._factory, built)
