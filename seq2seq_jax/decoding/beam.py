@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from seq2seq_jax.decoding import constraints as constraints_lib
 from seq2seq_jax.decoding import prefix, selection
 from seq2seq_jax.decoding.step import (StepFn, TokenRules, apply_token_rules, check_cache,
-                                       check_decode_args, check_rules, forced_rows, model_logits,
+                                       check_decode_args, check_rules, model_logits,
                                        next_token_logprobs)
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree
 
@@ -432,16 +432,13 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
                     forced_N: Array | None, rule_args: dict, common: dict):
     """The groups one after the other, each penalized by the tokens the earlier chose."""
     vocab = logprobs_BWV.shape[-1]
-    forced_B = forced_rows(state.step, max_decode_len=max_decode_len, rules=rules,
-                           forced_N=forced_N, rows=batch * width).reshape(batch, width)[:, 0]
     chosen_BV = jnp.zeros((batch, vocab), jnp.float32)  # live beams of earlier groups per token
     outputs = []
     for g in range(groups):
       beams = slice(g * group_width, (g + 1) * group_width)
       logprobs_BGV = logprobs_BWV[:, beams]
-      if diversity_penalty:
-        penalty_BV = jnp.where(forced_B[:, None], 0.0, diversity_penalty * chosen_BV)
-        logprobs_BGV = logprobs_BGV - penalty_BV[:, None, :]
+      if diversity_penalty:  # before the rules, so forced tokens override it (transformers)
+        logprobs_BGV = logprobs_BGV - diversity_penalty * chosen_BV[:, None, :]
       rows = lambda x_N: None if x_N is None else x_N.reshape(
           batch, width, *x_N.shape[1:])[:, beams].reshape(batch * group_width, *x_N.shape[1:])
       logprobs_GV = apply_token_rules(

@@ -194,15 +194,3 @@ def apply_token_rules(logprobs_NV: Array, *, step: Array, max_decode_len: int, b
     logprobs_NV = jnp.where(forced_N[:, None] >= 0, forced_NV, logprobs_NV)
   return logprobs_NV
 
-
-def forced_rows(step: Array, *, max_decode_len: int, rules: TokenRules,
-                forced_N: Array | None = None, rows: int) -> Array:
-  """bool ``[N]``: the rows whose token at ``step`` is forced (first token, EOS, prefix)."""
-  forced = jnp.zeros((rows,), bool)
-  if rules.forced_bos_id is not None:
-    forced = forced | (step == 0)
-  if rules.force_eos_at_limit:
-    forced = forced | (step == max_decode_len - 1)
-  if forced_N is not None:
-    forced = forced | (forced_N >= 0)
-  return forced
