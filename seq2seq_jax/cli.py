@@ -15,6 +15,9 @@ Example::
   seq2seq-jax evaluate --workdir runs/m30k --split test_2016_flickr --beam-size 4
   echo "Ein Hund rennt." | seq2seq-jax translate --workdir runs/m30k --beam-size 4
   echo "Ein Hund rennt." | seq2seq-jax translate --pretrained opus-mt-de-en
+  seq2seq-jax translate --pretrained opus-mt-de-en --beam-size 4 --prefix-file prefixes.txt \
+      --constraints-file phrases.tsv --set decode.no_repeat_ngram_size=3 < input.de
+  seq2seq-jax translate --workdir runs/a --ensemble runs/b --beam-size 4 < input.de
   seq2seq-jax evaluate --pretrained opus-mt-de-en --manual-dir ../shared/data/multi30k/raw \
       --split test_2016_flickr
   seq2seq-jax train --init-from opus-mt-de-en --workdir runs/ft \
@@ -168,9 +171,51 @@ def _add_decode_flags(parser: argparse.ArgumentParser) -> None:
                       help="most tokens generated per sentence, EOS included (default: 1.5 x "
                            "the source limit + 10)")
   parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded at once")
+  parser.add_argument("--ensemble", action="append", default=[], metavar="DIR",
+                      help="decode with an ensemble: another member, a training run's workdir "
+                           "or a pretrained checkpoint with the same vocabulary (repeatable; "
+                           "their log-probabilities are averaged)")
+  parser.add_argument("--set", dest="decode_overrides", action="append", default=[],
+                      metavar="decode.FIELD=VALUE",
+                      help="change one DecodeConfig field (repeatable), e.g. "
+                           "decode.no_repeat_ngram_size=3, decode.repetition_penalty=1.2, "
+                           "decode.num_beam_groups=2, decode.diversity_penalty=0.5, "
+                           "decode.length_penalty_form=power, decode.early_stopping=true")
+
+
+def _decode_options(args: argparse.Namespace) -> dict[str, Any]:
+  """The ``--set decode.FIELD=VALUE`` flags as DecodeConfig fields and values."""
+  import dataclasses
+  from seq2seq_jax.configs import DecodeConfig
+  from seq2seq_jax.presets import _parse_value
+  fields = {f.name: f for f in dataclasses.fields(DecodeConfig)}
+  options = {}
+  for override in getattr(args, "decode_overrides", []):
+    key, sep, text = override.partition("=")
+    section, _, field = key.strip().rpartition(".")
+    if not sep or section not in ("", "decode") or field not in fields:
+      raise ValueError(f"--set {override!r}: expected decode.FIELD=VALUE with a DecodeConfig "
+                       f"field: {', '.join(sorted(fields))}")
+    options[field] = _parse_value(text, fields[field].type, key)
+  return options
 
 
 def _translator(args: argparse.Namespace):
+  translator = _one_translator(args)
+  members = getattr(args, "ensemble", [])
+  if not members:
+    return translator
+  from seq2seq_jax.translator import Translator
+  others = []
+  for path in members:
+    is_run = (pathlib.Path(path) / "checkpoints").is_dir()
+    others.append(_one_translator(argparse.Namespace(
+        workdir=path if is_run else None, pretrained=None if is_run else path, checkpoint=None,
+        batch_size=args.batch_size)))
+  return Translator.ensemble([translator, *others])
+
+
+def _one_translator(args: argparse.Namespace):
   from seq2seq_jax.translator import Translator
   kwargs = {"batch_size": args.batch_size} if args.batch_size else {}
   if args.pretrained:
@@ -276,7 +321,8 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
   start = time.perf_counter()
   hypotheses = translator.translate(
       sources, beam_size=beam_size, alpha=alpha, max_decode_len=args.max_decode_len,
-      **_languages(args, translator, config.data.source_lang, config.data.target_lang))
+      **_languages(args, translator, config.data.source_lang, config.data.target_lang),
+      **_decode_options(args))
   seconds = time.perf_counter() - start
   scores = [evaluation.corpus_bleu(hypotheses, references),
             evaluation.corpus_chrf(hypotheses, references)]
@@ -324,16 +370,45 @@ def _add_translate(subparsers) -> None:
   parser.add_argument("--target-lang", default=None, metavar="CODE",
                       help="target language code of a multilingual checkpoint, forced as the "
                            "first output token (M2M100: en)")
+  parser.add_argument("--prefix-file", default=None, metavar="FILE",
+                      help="one target prefix per input line (an empty line for none): each "
+                           "translation begins with its line's prefix")
+  parser.add_argument("--constraints-file", default=None, metavar="FILE",
+                      help="per input line, the phrases its translation must contain, separated "
+                           "by tabs (an empty line for none); needs beam search")
   parser.set_defaults(run=run_translate)
+
+
+def _per_line(path: str | None, count: int, what: str) -> list[str] | None:
+  """The lines of ``path``, which must be one per input line."""
+  if path is None:
+    return None
+  from seq2seq_jax.data import text_files
+  try:
+    text = text_files.read_bytes(path).decode("utf-8").removeprefix("\ufeff")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: invalid UTF-8 at byte {e.start}; re-encode it as UTF-8") from None
+  lines = [line.rstrip("\r") for line in text.split("\n")]
+  if lines and lines[-1] == "" and text.endswith("\n"):
+    lines.pop()  # the newline ending the last line
+  if len(lines) != count:
+    raise ValueError(f"{path} has {len(lines)} lines but the input has {count}: {what} needs "
+                     "one line per input line (an empty line for none)")
+  return lines
 
 
 def run_translate(args: argparse.Namespace) -> int:
   translator = _translator(args)
   lines = [line.rstrip("\r\n") for line in sys.stdin]
+  prefixes = _per_line(args.prefix_file, len(lines), "--prefix-file")
+  constraints = _per_line(args.constraints_file, len(lines), "--constraints-file")
+  if constraints is not None:
+    constraints = [[p for p in line.split("\t") if p.strip()] for line in constraints]
   for translation in translator.translate(lines, beam_size=args.beam_size, alpha=args.alpha,
                                           max_decode_len=args.max_decode_len,
                                           source_lang=args.source_lang,
-                                          target_lang=args.target_lang):
+                                          target_lang=args.target_lang, target_prefix=prefixes,
+                                          constraints=constraints, **_decode_options(args)):
     print(translation)
   return 0
 

@@ -152,6 +152,41 @@ class Translator:
     translator.pretrained = checkpoint
     return translator
 
+  @classmethod
+  def ensemble(cls, translators: Sequence["Translator"], *, weights: Sequence[float] | None = None,
+               average: str = "log", **kwargs) -> "Translator":
+    """One translator whose model is an ``Ensemble`` of the given translators' models.
+
+    The members must share one vocabulary (equal tokenizers); the first one's
+    tokenizer, search settings and bucketing are kept, the shortest source limit
+    applies. ``weights`` and ``average`` are ``Ensemble``'s.
+
+    Example:
+      >>> one, two = Translator.from_workdir("runs/tiny"), Translator.from_workdir("runs/tiny")
+      >>> both = Translator.ensemble([one, two])
+      >>> both.translate(["Ein Hund läuft."]) == one.translate(["Ein Hund läuft."])  # same model
+      True
+    """
+    from seq2seq_jax.models.ensemble import Ensemble, ensemble_params
+    from seq2seq_jax.text_controls import same_vocabulary
+
+    first, *others = translators
+    for i, other in enumerate(others, start=1):
+      if not same_vocabulary(first.tokenizer, other.tokenizer):
+        raise ValueError(f"ensemble member {i} has another vocabulary than member 0: an "
+                         "ensemble averages predictions over one shared vocabulary")
+    model = Ensemble(models=tuple(t.model for t in translators), average=average,
+                     weights=None if weights is None else tuple(weights))
+    options = dict(decode_config=first.decode_config, batch_size=first.batch_size,
+                   max_source_len=min(t.max_source_len for t in translators),
+                   bucket_lengths=first.bucket_lengths)
+    options.update(kwargs)
+    translator = cls(model, ensemble_params([t.params for t in translators]), first.tokenizer,
+                     **options)
+    translator.config, translator.step = first.config, first.step
+    translator.pretrained = first.pretrained
+    return translator
+
   def max_decode_len(self, config: DecodeConfig) -> int:
     """The output limit used for every batch: the ratio applied to ``max_source_len``."""
     limit = config.decode_len(self.max_source_len)
@@ -186,7 +221,9 @@ class Translator:
   def translate(self, sentences: Sequence[str], *, beam_size: int | None = None,
                 alpha: float | None = None, method: str | None = None,
                 max_decode_len: int | None = None, source_lang: str | None = None,
-                target_lang: str | None = None) -> list[str]:
+                target_lang: str | None = None, target_prefix: Sequence[str] | None = None,
+                constraints: Sequence[Sequence[str]] | None = None,
+                **decode_options: Any) -> list[str]:
     """Translations of ``sentences``, in their order; an empty line gives ''.
 
     Args:
@@ -200,8 +237,25 @@ class Translator:
       source_lang, target_lang: language codes of multilingual checkpoints
         (M2M100 "de", NLLB "deu_Latn"); the target's code is forced as the first
         output token. Must be None for single-pair models.
+      target_prefix: one text per sentence ('' for none) that its translation must
+        begin with (after a forced language code); the search goes on from there.
+      constraints: one list of phrases per sentence ([] for none) that its
+        translation must contain; needs beam search (see ``decoding.constraints``).
+      **decode_options: other ``DecodeConfig`` fields for this call, e.g.
+        ``no_repeat_ngram_size=3``, ``repetition_penalty=1.2``,
+        ``num_beam_groups=2, diversity_penalty=0.5``, ``early_stopping=True``.
+
+    Example:
+      >>> translator = Translator.from_pretrained("opus-mt-de-en")
+      >>> out = translator.translate(["Ein Hund läuft im Park."], beam_size=4,
+      ...                            target_prefix=["The dog"], constraints=[["park"]],
+      ...                            no_repeat_ngram_size=3)
+      >>> out[0].startswith("The dog"), "park" in out[0]
+      (True, True)
     """
-    config = self.decode_config
+    from seq2seq_jax import text_controls
+
+    config = text_controls.with_decode_options(self.decode_config, decode_options)
     changes: dict[str, Any] = {}
     if beam_size is not None:
       changes["beam_size"] = beam_size
@@ -227,13 +281,17 @@ class Translator:
     outputs = [""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     encoded = self.encode([sentences[i] for i in todo], source_lang)
+    controls = text_controls.sentence_controls(
+        self.tokenizer, config, eos_id=self.ids.eos_id, count=len(sentences), todo=todo,
+        target_prefix=target_prefix, constraints=constraints, target_lang=target_lang)
     order = sorted(range(len(todo)), key=lambda j: -len(encoded[j]))
     for start in range(0, len(order), self.batch_size):
       chunk = order[start:start + self.batch_size]
       length = _ceil_to(self.bucket_lengths, max(len(encoded[j]) for j in chunk))
       rows = _ceil_to(self.row_buckets, len(chunk))
       inputs_BS = self._pad([encoded[j] for j in chunk], length, rows)
-      tokens_BT, _ = generate(self.model, self.params, inputs_BS, config)
+      tokens_BT, _ = generate(self.model, self.params, inputs_BS, config,
+                              **controls.batch_arrays(chunk, rows, pad_id=self.ids.pad_id))
       texts = self.tokenizer.decode_batch(np.asarray(tokens_BT)[:len(chunk)])
       for j, text in zip(chunk, texts):
         outputs[todo[j]] = text
