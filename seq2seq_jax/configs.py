@@ -208,8 +208,8 @@ class DecodeConfig:
 
   Every control is off by default and then costs nothing. The fields named as in
   transformers' ``GenerationConfig`` (``early_stopping``, ``num_beam_groups``,
-  ``diversity_penalty``, ``no_repeat_ngram_size``, ``repetition_penalty``) mean
-  what they mean there; ``alpha`` with ``length_penalty_form="power"`` is its
+  ``diversity_penalty``, ``no_repeat_ngram_size``, ``repetition_penalty``,
+  ``renormalize_logits``) mean what they mean there; ``alpha`` with ``length_penalty_form="power"`` is its
   ``length_penalty``. Per-sentence target prefixes and lexical constraints are
   arguments of ``generate`` and ``Translator.translate``, not settings.
 
@@ -245,6 +245,7 @@ class DecodeConfig:
   # Repetition control, every method; 0 and 1.0 are off.
   no_repeat_ngram_size: int = 0  # never repeat an n-gram of this many tokens
   repetition_penalty: float = 1.0  # > 1 makes tokens already generated less likely
+  renormalize_logits: bool = False  # log-softmax again after the rules (masks, penalties)
 
   def __post_init__(self):
     _check_choice(self, "method", ("greedy", "beam", "sample"))

@@ -106,7 +106,8 @@ def token_rules(config: DecodeConfig) -> TokenRules:
   return TokenRules(suppress_ids=config.suppress_ids, forced_bos_id=config.forced_bos_id,
                     force_eos_at_limit=config.force_eos_at_limit,
                     no_repeat_ngram_size=config.no_repeat_ngram_size,
-                    repetition_penalty=config.repetition_penalty)
+                    repetition_penalty=config.repetition_penalty,
+                    renormalize_logits=config.renormalize_logits)
 
 
 def _is_ragged(value: Any) -> bool:

@@ -45,6 +45,9 @@ class TokenRules(NamedTuple):
   ``repetition_penalty`` p != 1 divides positive and multiplies negative scores of
   tokens already fed by p (the logits of greedy search and sampling, the
   log-probabilities of beam search). Both are off by default and then cost nothing.
+  ``renormalize_logits`` (transformers' option of that name) renormalizes the scores
+  after all the rules, so that masked and penalized tokens leave their probability
+  to the others.
 
   Example:
     >>> TokenRules(no_repeat_ngram_size=3, repetition_penalty=1.2).needs_history
@@ -56,6 +59,7 @@ class TokenRules(NamedTuple):
   force_eos_at_limit: bool = False
   no_repeat_ngram_size: int = 0
   repetition_penalty: float = 1.0
+  renormalize_logits: bool = False
 
   @property
   def needs_history(self) -> bool:
@@ -168,7 +172,8 @@ def apply_token_rules(logprobs_NV: Array, *, step: Array, max_decode_len: int, b
 
   In transformers' order: the repetition penalty (when ``penalize``), then n-gram
   blocking and the ids never emitted (``NEG_INF``), then the forced tokens (first
-  token, EOS at the limit, ``forced_N``), which override everything before them.
+  token, EOS at the limit, ``forced_N``), which override everything before them;
+  last, with ``rules.renormalize_logits``, a log-softmax.
   """
   vocab = logprobs_NV.shape[-1]
   if penalize and rules.repetition_penalty != 1.0:
@@ -192,5 +197,7 @@ def apply_token_rules(logprobs_NV: Array, *, step: Array, max_decode_len: int, b
   if forced_N is not None:
     forced_NV = jnp.where(ids_1V == forced_N[:, None], 0.0, NEG_INF)
     logprobs_NV = jnp.where(forced_N[:, None] >= 0, forced_NV, logprobs_NV)
+  if rules.renormalize_logits:
+    logprobs_NV = logprobs_NV - jax.nn.logsumexp(logprobs_NV, axis=-1, keepdims=True)
   return logprobs_NV
 
