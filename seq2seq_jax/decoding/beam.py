@@ -207,6 +207,10 @@ def _constrained_step(live_logprobs_BW: Array, logprobs_BWV: Array, live_seqs_BW
   """``_beam_step`` with lexical constraints (``decoding.constraints``): a wider candidate
   pool, EOS only once every phrase appeared, live slots allocated over banks.
 
+  ``top_w_only`` applies to rows without constraints only (which then decode as
+  ``_beam_step``): in a constrained row it would starve the hypotheses that met
+  their phrases, which score below the others.
+
   Returns ``_beam_step``'s tuple and the live beams' ``(met_BWC, progress_BWC)``.
   """
   batch, width, vocab = logprobs_BWV.shape
@@ -241,8 +245,10 @@ def _constrained_step(live_logprobs_BW: Array, logprobs_BWV: Array, live_seqs_BW
   at_limit = step + 1 == max_decode_len
   finishing_BK = real_BK & (ends_BK | (at_limit & jnp.all(met_BKC, axis=-1)))
   if top_w_only:
+    constrained_B1 = jnp.any(constraints_lib.phrase_lengths(constraints_BCL, pad_id) > 0,
+                             axis=1)[:, None]
     order_BK = constraints_lib.rank_within(scores_BK, jnp.zeros_like(tokens_BK), real_BK)
-    finishing_BK = finishing_BK & (order_BK < width)
+    finishing_BK = finishing_BK & ((order_BK < width) | constrained_B1)
   if frozen_B is not None:
     finishing_BK = finishing_BK & ~frozen_B[:, None]
   new_scores_BK = jnp.where(finishing_BK, scores_BK / length_penalty(generated(step), alpha, form),
@@ -448,7 +454,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
       step_outputs = _beam_step(
           state.live_logprobs_BW[:, beams], logprobs_GV, state.live_seqs_BWT[:, beams],
           state.finished_seqs_BWT[:, beams], state.finished_scores_BW[:, beams],
-          frozen_B=frozen_B, **common)
+          frozen_B=frozen_B, top_w_only=heuristic, **common)
       live_logprobs_BG, live_seqs_BGT = step_outputs[:2]
       # Stopped groups and dead beams choose nothing (transformers feeds them pad).
       counted_BG = (live_logprobs_BG > _DEAD) & ~frozen_B[:, None]
@@ -481,7 +487,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
     if 2 * width > width * vocab:
       raise ValueError(f"beam search needs a vocabulary of at least 2 tokens; got {vocab}")
     common = dict(step=step, max_decode_len=max_decode_len, generated=generated_tokens,
-                  alpha=alpha, form=form, eos_id=eos_id, top_w_only=heuristic)
+                  alpha=alpha, form=form, eos_id=eos_id)
     changes = {}
     if groups > 1:
       outputs = diverse_step(state, logprobs_NV.reshape(batch, width, vocab),
@@ -493,13 +499,14 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
           state.live_logprobs_BW, logprobs_NV.reshape(batch, width, vocab), state.live_seqs_BWT,
           state.finished_seqs_BWT, state.finished_scores_BW, state.met_BWC, state.progress_BWC,
           constraints_BCL, pad_id=pad_id, frozen_B=state.done_BG[:, 0] if heuristic else None,
-          **common)
+          top_w_only=heuristic, **common)
       (live_logprobs_BW, live_seqs_BWT, finished_seqs_BWT, finished_scores_BW, parents_BW,
        changes["met_BWC"], changes["progress_BWC"]) = outputs
     else:
       outputs = _beam_step(
           state.live_logprobs_BW, logprobs_NV, state.live_seqs_BWT, state.finished_seqs_BWT,
           state.finished_scores_BW, frozen_B=state.done_BG[:, 0] if heuristic else None,
+          top_w_only=heuristic,
           **common)
       live_logprobs_BW, live_seqs_BWT, finished_seqs_BWT, finished_scores_BW, parents_BW = outputs
     if track_done:

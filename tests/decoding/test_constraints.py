@@ -84,14 +84,17 @@ def test_constraints_are_padded_and_checked_naming_row_and_phrase():
 CONSTRAINTS = [[[5, 6], [3]], [[4, 4]], [], [[6, 3, 6]]]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed, early_stopping", [(0, "never"), (1, "never"), (2, True),
+                                                   (3, False)])
 @pytest.mark.parametrize("beam_size", [1, 2, 4])
-def test_every_output_contains_every_phrase(seed, beam_size):
+def test_every_output_contains_every_phrase(seed, beam_size, early_stopping):
   # EOS is likely early: without constraints most outputs are too short to hold them.
+  # transformers' stopping rules must not starve the constrained hypotheses either.
   toy = PrefixToy(seed=seed, rows=4, max_len=9, eos_from=1, eos_boost=2.0, vocab=V)
   tokens, scores = _beam(toy, constraints_lib.pad_constraints(CONSTRAINTS), beam_size=beam_size,
-                         max_decode_len=8)
-  plain, _ = _beam(toy, None, beam_size=beam_size, max_decode_len=8)
+                         max_decode_len=8, early_stopping=early_stopping)
+  plain, _ = _beam(toy, None, beam_size=beam_size, max_decode_len=8,
+                   early_stopping=early_stopping)
   assert not all(contains(row, p) for row, c in zip(plain[:, 0], CONSTRAINTS) for p in c)
   for row, phrases in enumerate(CONSTRAINTS):
     real = scores[row] > 0.5 * NEG_INF
