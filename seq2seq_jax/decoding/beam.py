@@ -4,7 +4,7 @@ and lexical constraints, in one ``lax.while_loop``."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -423,9 +423,17 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
       done_BG = done_BG | full_BG
     return done_BG
 
+  def done_flags(state: BeamState) -> Array:
+    assert state.done_BG is not None  # kept whenever track_done
+    return state.done_BG
+
+  def frozen_rows(state: BeamState) -> Array | None:
+    """Rows that stopped taking hypotheses (transformers' rules), else None."""
+    return done_flags(state)[:, 0] if heuristic else None
+
   def cond(state: BeamState) -> Array:
     if track_done:
-      return jnp.logical_and(state.step < max_decode_len, ~jnp.all(state.done_BG))
+      return jnp.logical_and(state.step < max_decode_len, ~jnp.all(done_flags(state)))
     worst_finished_B = state.finished_scores_BW[:, -1]
     full_B = worst_finished_B > _DEAD
     best_live_B = state.live_logprobs_BW[:, 0]
@@ -435,7 +443,8 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
     return jnp.logical_and(state.step < max_decode_len, ~jnp.all(done_B))
 
   def diverse_step(state: BeamState, logprobs_BWV: Array, *, history_NT: Array | None,
-                    forced_N: Array | None, rule_args: dict, common: dict):
+                    forced_N: Array | None, rule_args: dict[str, Any],
+                    common: dict[str, Any]):
     """The groups one after the other, each penalized by the tokens the earlier chose."""
     vocab = logprobs_BWV.shape[-1]
     chosen_BV = jnp.zeros((batch, vocab), jnp.float32)  # live beams of earlier groups per token
@@ -450,7 +459,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
       logprobs_GV = apply_token_rules(
           logprobs_BGV.reshape(batch * group_width, vocab), history_NT=rows(history_NT),
           forced_N=rows(forced_N), penalize=True, **rule_args)
-      frozen_B = state.done_BG[:, g]
+      frozen_B = done_flags(state)[:, g]
       step_outputs = _beam_step(
           state.live_logprobs_BW[:, beams], logprobs_GV, state.live_seqs_BWT[:, beams],
           state.finished_seqs_BWT[:, beams], state.finished_scores_BW[:, beams],
@@ -474,7 +483,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
       forced_B = prefix.forced_prefix_tokens(target_prefix_BP, step, pad_id=pad_id,
                                              offset=offset)
       forced_N = jnp.repeat(forced_B, width)
-    rule_args = dict(step=step, max_decode_len=max_decode_len, bos_id=bos_id, eos_id=eos_id,
+    rule_args: dict[str, Any] = dict(step=step, max_decode_len=max_decode_len, bos_id=bos_id, eos_id=eos_id,
                      pad_id=pad_id, rules=rules)
     if groups > 1:
       logits_NV, cache = model_logits(step_fn, tokens_N, state.cache)
@@ -486,32 +495,32 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
     vocab = logprobs_NV.shape[-1]
     if 2 * width > width * vocab:
       raise ValueError(f"beam search needs a vocabulary of at least 2 tokens; got {vocab}")
-    common = dict(step=step, max_decode_len=max_decode_len, generated=generated_tokens,
-                  alpha=alpha, form=form, eos_id=eos_id)
-    changes = {}
+    common: dict[str, Any] = dict(step=step, max_decode_len=max_decode_len,
+                                  generated=generated_tokens, alpha=alpha, form=form,
+                                  eos_id=eos_id)
+    changes: dict[str, Any] = {}
     if groups > 1:
       outputs = diverse_step(state, logprobs_NV.reshape(batch, width, vocab),
                              history_NT=history_NT, forced_N=forced_N, rule_args=rule_args,
                              common=common)
       live_logprobs_BW, live_seqs_BWT, finished_seqs_BWT, finished_scores_BW, parents_BW = outputs
     elif constraints_BCL is not None:
+      assert state.met_BWC is not None and state.progress_BWC is not None
       outputs = _constrained_step(
           state.live_logprobs_BW, logprobs_NV.reshape(batch, width, vocab), state.live_seqs_BWT,
           state.finished_seqs_BWT, state.finished_scores_BW, state.met_BWC, state.progress_BWC,
-          constraints_BCL, pad_id=pad_id, frozen_B=state.done_BG[:, 0] if heuristic else None,
-          top_w_only=heuristic, **common)
+          constraints_BCL, pad_id=pad_id, frozen_B=frozen_rows(state), top_w_only=heuristic,
+          **common)
       (live_logprobs_BW, live_seqs_BWT, finished_seqs_BWT, finished_scores_BW, parents_BW,
        changes["met_BWC"], changes["progress_BWC"]) = outputs
     else:
       outputs = _beam_step(
           state.live_logprobs_BW, logprobs_NV, state.live_seqs_BWT, state.finished_seqs_BWT,
-          state.finished_scores_BW, frozen_B=state.done_BG[:, 0] if heuristic else None,
-          top_w_only=heuristic,
-          **common)
+          state.finished_scores_BW, frozen_B=frozen_rows(state), top_w_only=heuristic, **common)
       live_logprobs_BW, live_seqs_BWT, finished_seqs_BWT, finished_scores_BW, parents_BW = outputs
     if track_done:
       changes["done_BG"] = stopped(
-          state.done_BG, live_logprobs_BW.reshape(batch, groups, group_width),
+          done_flags(state), live_logprobs_BW.reshape(batch, groups, group_width),
           finished_scores_BW.reshape(batch, groups, group_width), step)
     return state._replace(
         step=step + 1,
