@@ -9,7 +9,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-
 import numpy as np
 
 from seq2seq_jax.configs import DecodeConfig

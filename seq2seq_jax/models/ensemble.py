@@ -63,7 +63,9 @@ class Ensemble(nn.Module):
   - ``average="probability"``: the log of the weighted mean of the probabilities
     (fairseq's ensemble).
 
-  ``decode`` and ``decode_step`` return these combined scores as the logits.
+  ``decode`` and ``decode_step`` return these combined scores as the logits (for
+  ``"log"``, the weighted sum of the members' logits, which differs from the weighted
+  mean of their log-probabilities by one constant per row: the same distribution).
   Parameters are ``ensemble_params([params_0, params_1, ...])``.
 
   Example:
@@ -119,13 +121,19 @@ class Ensemble(nn.Module):
     """The members' logits ``[..., V]`` -> the ensemble's scores ``[..., V]``, float32."""
     if len(logits) == 1:
       return logits[0].astype(jnp.float32)
-    weights = jnp.asarray(self.weights or (1.0,) * len(logits), jnp.float32)
-    weights = weights / jnp.sum(weights)
-    logprobs_M = jnp.stack([jax.nn.log_softmax(x.astype(jnp.float32), axis=-1) for x in logits])
-    weights_M = weights.reshape((len(logits),) + (1,) * (logprobs_M.ndim - 1))
+    weights = [w / sum(self.weights) for w in self.weights] if self.weights else (
+        [1.0 / len(logits)] * len(logits))
     if self.average == "log":
-      return jnp.sum(weights_M * logprobs_M, axis=0)
-    return jax.nn.logsumexp(logprobs_M + jnp.log(weights_M), axis=0)
+      # sum_i w_i log p_i = sum_i w_i logits_i - sum_i w_i logsumexp(logits_i): a shift per
+      # row that the searches' softmax removes, so the log-softmaxes are never computed.
+      combined = weights[0] * logits[0].astype(jnp.float32)
+      for w, x in zip(weights[1:], logits[1:]):
+        combined = combined + w * x.astype(jnp.float32)
+      return combined
+    logprobs_M = jnp.stack([jax.nn.log_softmax(x.astype(jnp.float32), axis=-1) for x in logits])
+    log_weights_M = jnp.log(jnp.asarray(weights, jnp.float32)).reshape(
+        (len(logits),) + (1,) * (logprobs_M.ndim - 1))
+    return jax.nn.logsumexp(logprobs_M + log_weights_M, axis=0)
 
   def encode(self, inputs_BS: Array, *, deterministic: bool = True) -> tuple[PyTree, ...]:
     """Every member's memory, as a tuple."""
