@@ -9,7 +9,7 @@ when to stop, then cost only their bookkeeping). All systems are timed in rotati
 Greedy search with and without repetition control is timed the same way. The
 ensemble row runs two T-small members.
 
-  python benchmarks/decode_controls.py [--out FILE.json] [--plot FILE.png]
+  python benchmarks/decode_controls.py [--vocab-size N] [--out FILE.json] [--plot FILE.png]
   SEQ2SEQ_JAX_QUICK=1 python benchmarks/decode_controls.py   # tiny sizes, for CI
 """
 
@@ -30,13 +30,13 @@ from seq2seq_jax.decoding import generate
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def settings(quick: bool) -> dict:
+def settings(quick: bool, vocab_size: int) -> dict:
   """Model, batch and output length; tiny in quick mode."""
   if quick:
     return dict(config=TransformerConfig(vocab_size=500, model_dim=32, num_heads=2, mlp_dim=64,
                                          num_encoder_layers=1, num_decoder_layers=1, max_len=64),
                 batch=4, source_len=8, length=12, rounds=2)
-  return dict(config=TransformerConfig(vocab_size=8000, model_dim=256, num_heads=4, mlp_dim=1024,
+  return dict(config=TransformerConfig(vocab_size=vocab_size, model_dim=256, num_heads=4, mlp_dim=1024,
                                        num_encoder_layers=3, num_decoder_layers=3, max_len=128),
               batch=32, source_len=20, length=32, rounds=9)
 
@@ -72,8 +72,10 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "decode_controls.json")
   parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  parser.add_argument("--vocab-size", type=int, default=8000,
+                      help="the model's vocabulary (58101: OPUS-MT de-en's); not in quick mode")
   args = benchmarking.parse_args(parser)
-  s = settings(benchmarking.quick_mode())
+  s = settings(benchmarking.quick_mode(), args.vocab_size)
   config, length, batch = s["config"], s["length"], s["batch"]
   model = build_model(config)
   inputs = jnp.ones((1, 4), jnp.int32)
