@@ -350,7 +350,8 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
       "pretrained": args.pretrained,
       "decode": {"method": "greedy" if beam_size == 1 else "beam", "beam_size": beam_size,
                  "alpha": alpha, "max_decode_len": args.max_decode_len
-                 or translator.max_decode_len(decode)},
+                 or translator.max_decode_len(decode), **_decode_options(args),
+                 "ensemble": list(getattr(args, "ensemble", []))},
       "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}
                  for s in scores},
       "tokenized_references": str(tokenized) if tokenized else None,
