@@ -30,6 +30,8 @@ from seq2seq_jax.decoding import sample as sample
 from seq2seq_jax.models.base import shift_right as shift_right
 from seq2seq_jax.models.base import special_ids as special_ids
 from seq2seq_jax.models.decomposable import DecomposableAttention as DecomposableAttention
+from seq2seq_jax.models.ensemble import Ensemble as Ensemble
+from seq2seq_jax.models.ensemble import ensemble_params as ensemble_params
 from seq2seq_jax.models.registry import build_model as build_model
 from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq as RNNSeq2Seq
 from seq2seq_jax.models.transformer import Transformer as Transformer
@@ -97,6 +99,8 @@ __all__ = [
     "Transformer",
     "RNNSeq2Seq",
     "DecomposableAttention",
+    "Ensemble",
+    "ensemble_params",
     "build_model",
     "shift_right",
     "special_ids",

@@ -19,6 +19,9 @@ Example::
   seq2seq-jax translate --workdir runs/m30k --input corpus.de --output nbest.txt \\
       --beam-size 8 --n-best 4
   seq2seq-jax export --workdir runs/m30k --out m30k.s2sx --platforms cpu,cuda,tpu
+  seq2seq-jax translate --pretrained opus-mt-de-en --beam-size 4 --prefix-file prefixes.txt \\
+      --constraints-file phrases.tsv --set decode.no_repeat_ngram_size=3 < input.de
+  seq2seq-jax translate --workdir runs/a --ensemble runs/b --beam-size 4 < input.de
   seq2seq-jax evaluate --pretrained opus-mt-de-en --manual-dir ../shared/data/multi30k/raw \
       --split test_2016_flickr
   seq2seq-jax train --init-from opus-mt-de-en --workdir runs/ft \
@@ -172,9 +175,51 @@ def _add_decode_flags(parser: argparse.ArgumentParser) -> None:
                       help="most tokens generated per sentence, EOS included (default: 1.5 x "
                            "the source limit + 10)")
   parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded at once")
+  parser.add_argument("--ensemble", action="append", default=[], metavar="DIR",
+                      help="decode with an ensemble: another member, a training run's workdir "
+                           "or a pretrained checkpoint with the same vocabulary (repeatable; "
+                           "their log-probabilities are averaged)")
+  parser.add_argument("--set", dest="decode_overrides", action="append", default=[],
+                      metavar="decode.FIELD=VALUE",
+                      help="change one DecodeConfig field (repeatable), e.g. "
+                           "decode.no_repeat_ngram_size=3, decode.repetition_penalty=1.2, "
+                           "decode.num_beam_groups=2, decode.diversity_penalty=0.5, "
+                           "decode.length_penalty_form=power, decode.early_stopping=true")
+
+
+def _decode_options(args: argparse.Namespace) -> dict[str, Any]:
+  """The ``--set decode.FIELD=VALUE`` flags as DecodeConfig fields and values."""
+  import dataclasses
+  from seq2seq_jax.configs import DecodeConfig
+  from seq2seq_jax.presets import _parse_value
+  fields = {f.name: f for f in dataclasses.fields(DecodeConfig)}
+  options = {}
+  for override in getattr(args, "decode_overrides", []):
+    key, sep, text = override.partition("=")
+    section, _, field = key.strip().rpartition(".")
+    if not sep or section not in ("", "decode") or field not in fields:
+      raise ValueError(f"--set {override!r}: expected decode.FIELD=VALUE with a DecodeConfig "
+                       f"field: {', '.join(sorted(fields))}")
+    options[field] = _parse_value(text, fields[field].type, key)
+  return options
 
 
 def _translator(args: argparse.Namespace, **kwargs):
+  translator = _one_translator(args, **kwargs)
+  members = getattr(args, "ensemble", [])
+  if not members:
+    return translator
+  from seq2seq_jax.inference import Translator
+  others = []
+  for path in members:
+    is_run = (pathlib.Path(path) / "checkpoints").is_dir()
+    others.append(_one_translator(argparse.Namespace(
+        workdir=path if is_run else None, pretrained=None if is_run else path, checkpoint=None,
+        batch_size=args.batch_size)))
+  return Translator.ensemble([translator, *others])
+
+
+def _one_translator(args: argparse.Namespace, **kwargs):
   from seq2seq_jax.inference import Translator
   if args.batch_size:
     kwargs["batch_size"] = args.batch_size
@@ -281,7 +326,8 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
   start = time.perf_counter()
   hypotheses = translator.translate(
       sources, beam_size=beam_size, alpha=alpha, max_decode_len=args.max_decode_len,
-      **_languages(args, translator, config.data.source_lang, config.data.target_lang))
+      **_languages(args, translator, config.data.source_lang, config.data.target_lang),
+      **_decode_options(args))
   seconds = time.perf_counter() - start
   scores = [evaluation.corpus_bleu(hypotheses, references),
             evaluation.corpus_chrf(hypotheses, references)]
@@ -309,7 +355,8 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
       "pretrained": args.pretrained,
       "decode": {"method": "greedy" if beam_size == 1 else "beam", "beam_size": beam_size,
                  "alpha": alpha, "max_decode_len": args.max_decode_len
-                 or translator.max_decode_len(decode)},
+                 or translator.max_decode_len(decode), **_decode_options(args),
+                 "ensemble": list(getattr(args, "ensemble", []))},
       "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}
                  for s in scores},
       "tokenized_references": str(tokenized) if tokenized else None,
@@ -364,6 +411,12 @@ def _add_translate(subparsers) -> None:
                       help="start --output over although it exists or is unfinished")
   parser.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
                       help="a progress bar (on a terminal: auto), plain lines, or nothing")
+  parser.add_argument("--prefix-file", default=None, metavar="FILE",
+                      help="one target prefix per input line (an empty line for none): each "
+                           "translation begins with its line's prefix")
+  parser.add_argument("--constraints-file", default=None, metavar="FILE",
+                      help="per input line, the phrases its translation must contain, separated "
+                           "by tabs (an empty line for none); needs beam search")
   parser.set_defaults(run=run_translate)
 
 
@@ -385,14 +438,15 @@ def run_translate(args: argparse.Namespace) -> int:
   config = TranslateFileConfig(
       window_lines=args.window, batch_tokens=args.batch_tokens,
       max_rows=args.batch_size or TranslateFileConfig().max_rows, n_best=args.n_best,
-      scores=args.scores, references=args.score_references or "", progress=args.progress)
+      scores=args.scores, references=args.score_references or "", progress=args.progress,
+      prefixes=args.prefix_file or "", constraints=args.constraints_file or "")
   translator = _translator(args, mesh=make_mesh())
   try:
     result = files.translate_file(
         translator, args.input, args.output, config=config, beam_size=args.beam_size,
         alpha=args.alpha, method=args.method, max_decode_len=args.max_decode_len,
         source_lang=args.source_lang, target_lang=args.target_lang, overwrite=args.overwrite,
-        model_name=_model_name(args, translator))
+        model_name=_model_name(args, translator), **_decode_options(args))
   except files.TranslationInterrupted as interrupted:
     where = (f"; {interrupted.lines_done} lines of {interrupted.output} are complete. Rerun the "
              "same command to resume" if interrupted.output else "")
@@ -442,7 +496,7 @@ def run_export(args: argparse.Namespace) -> int:
       translator, args.out, platforms=platforms, bucket_lengths=lengths,
       beam_size=args.beam_size, alpha=args.alpha, method=args.method,
       max_decode_len=args.max_decode_len, source_lang=args.source_lang,
-      target_lang=args.target_lang)
+      target_lang=args.target_lang, **_decode_options(args))
   print(f"wrote {args.out} ({info.bytes / 2**20:.1f} MiB): {info.method} for "
         f"{', '.join(info.platforms)}, batch shapes "
         f"{', '.join(f'{r}x{l}' for r, l in info.shapes)}")

@@ -204,11 +204,28 @@ class DecomposableAttentionConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DecodeConfig:
-  """How ``generate`` searches: greedy, beam or sampling."""
+  """How ``generate`` searches: greedy, beam or sampling, and the controls on its outputs.
+
+  Every control is off by default and then costs nothing. The fields named as in
+  transformers' ``GenerationConfig`` (``early_stopping``, ``num_beam_groups``,
+  ``diversity_penalty``, ``no_repeat_ngram_size``, ``repetition_penalty``,
+  ``renormalize_logits``) mean what they mean there; ``alpha`` with ``length_penalty_form="power"`` is its
+  ``length_penalty``. Per-sentence target prefixes and lexical constraints are
+  arguments of ``generate`` and ``Translator.translate``, not settings.
+
+  Example:
+    >>> DecodeConfig(method="beam", beam_size=4, num_beam_groups=2, diversity_penalty=0.5)
+    ... # doctest: +ELLIPSIS
+    DecodeConfig(method='beam', beam_size=4, ...)
+    >>> DecodeConfig(method="beam", beam_size=4, num_beam_groups=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: DecodeConfig.num_beam_groups=3: must divide beam_size=4 ...
+  """
 
   method: str = "greedy"  # "greedy", "beam" or "sample"
   beam_size: int = 4
-  alpha: float = 0.6  # GNMT length penalty exponent: ((5 + len) / 6) ** alpha
+  alpha: float = 0.6  # length penalty exponent: ((5 + len) / 6) ** alpha, see length_penalty_form
   max_decode_len: int = 0  # fixed output length limit; 0 means use the ratio below
   max_decode_len_ratio: float = 1.5  # limit = ceil(ratio * padded source length) + 10
   temperature: float = 1.0  # sampling only
@@ -220,16 +237,50 @@ class DecodeConfig:
   forced_bos_id: int | None = None  # the first output token, e.g. a target language code
   force_eos_at_limit: bool = False  # an output reaching the length limit ends with EOS
   suppress_ids: tuple[int, ...] = ()  # more tokens never generated (single-token bad_words_ids)
+  # Beam search: the length penalty's form, the stopping rule, diverse groups.
+  length_penalty_form: str = "gnmt"  # "gnmt" ((5 + len) / 6) ** alpha; "power" len ** alpha
+  early_stopping: bool | str = "never"  # "never": stop when no live beam can win; True/False: HF's
+  num_beam_groups: int = 1  # > 1: diverse beam search, beam_size / num_beam_groups beams a group
+  diversity_penalty: float = 0.0  # per beam of an earlier group that chose the token this step
+  # Repetition control, every method; 0 and 1.0 are off.
+  no_repeat_ngram_size: int = 0  # never repeat an n-gram of this many tokens
+  repetition_penalty: float = 1.0  # > 1 makes tokens already generated less likely
+  renormalize_logits: bool = False  # log-softmax again after the rules (masks, penalties)
 
   def __post_init__(self):
     _check_choice(self, "method", ("greedy", "beam", "sample"))
+    if isinstance(self.early_stopping, str) and self.early_stopping.lower() in ("true", "false"):
+      # From a flag or a file (--set decode.early_stopping=false).
+      object.__setattr__(self, "early_stopping", self.early_stopping.lower() == "true")
+    if not (self.early_stopping is True or self.early_stopping is False
+            or self.early_stopping == "never"):
+      _fail(self, "early_stopping", self.early_stopping,
+            "must be 'never' (stop when no live beam can win), True (stop at beam_size finished "
+            "hypotheses) or False (transformers' heuristic)")
+    _check_choice(self, "length_penalty_form", ("gnmt", "power"))
+    _check_positive(self, "beam_size", "num_beam_groups")
+    if self.beam_size % self.num_beam_groups:
+      _fail(self, "num_beam_groups", self.num_beam_groups,
+            f"must divide beam_size={self.beam_size} (each group gets beam_size / "
+            "num_beam_groups beams)")
+    if self.diversity_penalty < 0:
+      _fail(self, "diversity_penalty", self.diversity_penalty, "must be >= 0 (0 means off)")
+    if self.diversity_penalty and self.num_beam_groups == 1:
+      _fail(self, "diversity_penalty", self.diversity_penalty,
+            "acts between beam groups: set num_beam_groups > 1 too")
+    ngram = self.no_repeat_ngram_size
+    if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 0:
+      _fail(self, "no_repeat_ngram_size", self.no_repeat_ngram_size,
+            "must be an integer >= 0 (0 means off)")
+    if not self.repetition_penalty > 0:
+      _fail(self, "repetition_penalty", self.repetition_penalty,
+            "must be > 0 (1.0 means off; above 1 discourages repeats)")
     if self.forced_bos_id is not None and (not isinstance(self.forced_bos_id, int)
                                            or self.forced_bos_id < 0):
       _fail(self, "forced_bos_id", self.forced_bos_id, "must be a token id >= 0 or None")
     if not isinstance(self.suppress_ids, tuple) or not all(
         isinstance(i, int) and i >= 0 for i in self.suppress_ids):
       _fail(self, "suppress_ids", self.suppress_ids, "must be a tuple of token ids >= 0")
-    _check_positive(self, "beam_size")
     if self.alpha < 0:
       _fail(self, "alpha", self.alpha, "must be >= 0")
     if self.max_decode_len < 0:
@@ -262,6 +313,8 @@ class TranslateFileConfig:
   n_best: int = 0  # K > 0: K lines "INDEX ||| TEXT ||| SCORE" per input, best first (beam search)
   scores: bool = False  # "TEXT ||| LOGPROB" per input: the output's total log-probability
   references: str = ""  # a file of translations: write their forced-decoding log-probs instead
+  prefixes: str = ""  # a file of target prefixes, one per input line ("" on a line: none)
+  constraints: str = ""  # per input line, tab-separated phrases its translation must contain
   progress: str = "auto"  # "bar" (tqdm), "lines" (plain), "none"; "auto": a bar on a terminal
   report_every_s: float = 30.0  # seconds between plain progress lines
 
@@ -272,6 +325,9 @@ class TranslateFileConfig:
     if self.references and (self.n_best or self.scores):
       _fail(self, "references", self.references,
             "scores given translations; it cannot be combined with n_best or scores")
+    if self.references and (self.prefixes or self.constraints):
+      _fail(self, "references", self.references,
+            "scores given translations; prefixes and constraints steer a search it does not run")
     _check_choice(self, "progress", ("auto", "bar", "lines", "none"))
     if self.report_every_s <= 0:
       _fail(self, "report_every_s", self.report_every_s, "must be > 0 seconds")

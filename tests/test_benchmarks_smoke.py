@@ -69,6 +69,16 @@ def test_decode_throughput_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_decode_controls_quick(tmp_path):
+  payload = _run("decode_controls", tmp_path)
+  _check_rows(payload["rows"], "tokens/s")
+  systems = {r["system"] for r in payload["rows"]}
+  assert {"beam4", "constraints (2 x 2 tokens)", "num_beam_groups=2", "ensemble of 2",
+          "no_repeat_ngram_size=3", "greedy"} <= systems
+  assert all(r["ratio"] > 0 for r in payload["rows"])
+
+
+@pytest.mark.slow
 def test_rnn_vs_transformer_quick(tmp_path):
   payload = _run("rnn_vs_transformer", tmp_path)
   _check_rows(payload["rows"], "step_ms")

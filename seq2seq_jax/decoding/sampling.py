@@ -47,7 +47,8 @@ def sample_logprobs(logprobs_NV: Array, *, rng: PRNGKey, temperature: float = 1.
 def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
            max_decode_len: int, bos_id: int, eos_id: int, temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0, pad_id: int = PAD_ID,
-           rules: TokenRules = TokenRules()) -> tuple[Array, Array]:
+           rules: TokenRules = TokenRules(),
+           target_prefix_BP: Array | None = None) -> tuple[Array, Array]:
   """Samples each next token from the model's (tempered, truncated) distribution.
 
   Traceable; call it under ``jax.jit``. ``temperature``, ``top_k`` and ``top_p``
@@ -65,11 +66,15 @@ def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
     top_k: sample among the k most probable tokens; 0 = all.
     top_p: nucleus sampling over the top-k set; 1.0 = off.
     pad_id: fills each row after its EOS; never generated.
-    rules: forced first token, EOS at the limit, suppressed ids (``TokenRules``).
+    rules: forced first token, EOS at the limit, suppressed ids, repetition control
+      (``TokenRules``).
+    target_prefix_BP: int ``[B, P]``, each row's forced first tokens then ``pad_id``
+      (see ``decoding.prefix``); None forces nothing.
 
   Returns:
-    ``(tokens_BT, scores_B)`` as ``greedy_search``; scores are the model's own
-    log-probabilities of the drawn tokens (before temperature and truncation).
+    ``(tokens_BT, scores_B)`` as ``greedy_search``; scores are the log-probabilities
+    of the drawn tokens before temperature and truncation (the model's own unless a
+    repetition penalty changed them).
 
   Example:
     >>> step_fn = lambda tokens_N, cache: (jnp.zeros((4, 6)), cache)
@@ -90,4 +95,4 @@ def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
 
   return decode_one_token_at_a_time(step_fn, cache, choose, rng=rng, batch_size=batch_size,
                                     max_decode_len=max_decode_len, bos_id=bos_id, eos_id=eos_id,
-                                    pad_id=pad_id, rules=rules)
+                                    pad_id=pad_id, rules=rules, target_prefix_BP=target_prefix_BP)

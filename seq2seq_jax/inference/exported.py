@@ -78,7 +78,7 @@ def export_translator(translator: Any, path: str | os.PathLike, *,
                       row_counts: Sequence[int] | None = None, beam_size: int | None = None,
                       alpha: float | None = None, method: str | None = None,
                       max_decode_len: int | None = None, source_lang: str | None = None,
-                      target_lang: str | None = None) -> ExportInfo:
+                      target_lang: str | None = None, **decode_options: Any) -> ExportInfo:
   """Writes ``translator``'s encode + search as a ``jax.export`` artifact (module docstring).
 
   Args:
@@ -93,6 +93,8 @@ def export_translator(translator: Any, path: str | os.PathLike, *,
     beam_size, alpha, method, max_decode_len, source_lang, target_lang: the search
       baked in, as ``Translator.translate`` takes them. Beam search exports all W
       hypotheses.
+    **decode_options: other ``DecodeConfig`` fields baked in (``no_repeat_ngram_size=3``,
+      ``repetition_penalty=1.2`` ...).
 
   Raises:
     ValueError: an unknown platform, a bucket longer than the model reads; a
@@ -103,7 +105,7 @@ def export_translator(translator: Any, path: str | os.PathLike, *,
     raise ValueError(f"platforms={tuple(platforms)}: each must be one of {', '.join(PLATFORMS)}")
   config = translator.resolve_decode_config(beam_size=beam_size, alpha=alpha, method=method,
                                             max_decode_len=max_decode_len,
-                                            target_lang=target_lang)
+                                            target_lang=target_lang, **decode_options)
   lengths = tuple(sorted(set(bucket_lengths or translator.bucket_lengths)))
   if lengths[-1] > translator.max_source_len:
     raise ValueError(f"bucket length {lengths[-1]} exceeds the translator's max_source_len="

@@ -18,7 +18,10 @@ total log-probability, EOS included); with ``n_best=K``, K lines ``INDEX ||| TEX
 SCORE`` per input (INDEX counts input lines from 0; SCORE is the beam's ranking
 score, the log-probability divided by the GNMT length penalty; best first); with
 ``references``, the forced-decoding log-probability of each line of that file
-given the same line of the input (``Translator.score``). An empty input line gives
+given the same line of the input (``Translator.score``). ``prefixes`` and
+``constraints`` name files aligned with the input as well: a target prefix per
+line, and the phrases (tab-separated) each translation must contain (empty lines
+for none; ``Translator.translate``'s ``target_prefix`` and ``constraints``). An empty input line gives
 an empty output (K of them with n-best); invalid UTF-8 stops with an error naming
 the line; a line longer than the model allows is truncated with a warning naming
 it.
@@ -47,7 +50,9 @@ import json
 import logging
 import os
 import pathlib
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
@@ -55,6 +60,7 @@ from typing import Any, BinaryIO
 import jax
 import numpy as np
 
+from seq2seq_jax import text_controls
 from seq2seq_jax.configs import DecodeConfig, TranslateFileConfig
 from seq2seq_jax.data.text_files import DataError, decode_line
 from seq2seq_jax.inference.batching import warn_truncated
@@ -244,10 +250,14 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -
   return found
 
 
+# Files read beside the input, line by line (TranslateFileConfig fields naming them).
+SIDE_FILES = ("references", "prefixes", "constraints")
+
+
 def _fresh_start() -> dict[str, Any]:
   """The position of an output begun now: no line done, the first window at byte 0."""
-  return {"lines_done": 0, "window_line": 0, "window_offset": 0, "references_offset": 0,
-          "complete": False}
+  return {"lines_done": 0, "window_line": 0, "window_offset": 0,
+          **{f"{side}_offset": 0 for side in SIDE_FILES}, "complete": False}
 
 
 def _resume_point(output: str, settings: dict[str, Any], overwrite: bool) -> dict[str, Any]:
@@ -267,7 +277,9 @@ def _resume_point(output: str, settings: dict[str, Any], overwrite: bool) -> dic
     return fresh
   try:
     record = json.loads(path.read_text(encoding="utf-8"))
-    position = {key: int(record[key]) for key in fresh if key != "complete"}
+    position = {key: int(record[key]) for key in fresh if key != "complete"
+                and not key.endswith("_offset")}
+    position.update({key: int(record.get(key, 0)) for key in fresh if key.endswith("_offset")})
     saved_bytes, saved_settings = int(record["output_bytes"]), record["settings"]
   except (ValueError, KeyError, TypeError) as error:
     raise ResumeError(f"{path}: not a readable progress record ({error}); delete it and the "
@@ -304,6 +316,35 @@ def _start(output: str | None, settings: dict[str, Any] | None, overwrite: bool,
     raise ResumeError(shared["error"] if writer_process else
                       f"process 0 refused to resume: {shared['error']}")
   return shared["start"]
+
+
+class _CtrlC:
+  """Ctrl-C noted by a handler and raised at the next batch boundary, never inside whatever
+  Python runs at that instant: a KeyboardInterrupt raised in a garbage-collection callback
+  (jax has one) is printed and dropped, and the run would go on. A second Ctrl-C raises at
+  once. Outside the main thread (no handler can be installed) it does nothing."""
+
+  def __init__(self):
+    self.pressed = False
+    self._previous: Any = None
+
+  def __enter__(self) -> "_CtrlC":
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGINT, self._handle)
+    return self
+
+  def _handle(self, signum, frame) -> None:
+    if self.pressed:
+      raise KeyboardInterrupt
+    self.pressed = True
+
+  def check(self) -> None:
+    if self.pressed:
+      raise KeyboardInterrupt
+
+  def __exit__(self, *exc) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGINT, self._previous)
 
 
 # ------------------------------------------------------------------------------- progress
@@ -386,8 +427,9 @@ def _settings(translator: Translator, decode: DecodeConfig, config: TranslateFil
   }
   if input_path is not None:
     settings["input"] = _fingerprint_file(input_path)
-  if config.references:
-    settings["references"] = _fingerprint_file(config.references)
+  for side in SIDE_FILES:
+    if getattr(config, side):
+      settings[side] = _fingerprint_file(getattr(config, side))
   return settings
 
 
@@ -397,7 +439,8 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
                    beam_size: int | None = None, alpha: float | None = None,
                    method: str | None = None, max_decode_len: int | None = None,
                    source_lang: str | None = None, target_lang: str | None = None,
-                   overwrite: bool = False, model_name: str | None = None) -> FileResult:
+                   overwrite: bool = False, model_name: str | None = None,
+                   **decode_options: Any) -> FileResult:
   """Translates ``input_path`` line by line into ``output_path`` (see the module docstring).
 
   Args:
@@ -412,6 +455,8 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
     overwrite: start over even though ``output_path`` exists.
     model_name: how the resume check names the model (e.g. the workdir and step);
       a fingerprint of the parameters is checked as well.
+    **decode_options: other ``DecodeConfig`` fields (``no_repeat_ngram_size=3`` ...), as
+      ``Translator.translate`` takes them.
 
   Returns:
     A ``FileResult``.
@@ -431,7 +476,7 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
     raise ValueError(f"{output_path} is also the input; write the translation to another file")
   decode = translator.resolve_decode_config(beam_size=beam_size, alpha=alpha, method=method,
                                             max_decode_len=max_decode_len,
-                                            target_lang=target_lang)
+                                            target_lang=target_lang, **decode_options)
   if config.n_best and (decode.method != "beam" or config.n_best > decode.beam_size):
     raise ValueError(f"n_best={config.n_best} needs beam search with at least that many beams; "
                      f"got method={decode.method!r}, beam_size={decode.beam_size}: pass "
@@ -452,49 +497,55 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
 
   stream, name = _open_input(input_path)
   reader = _Lines(stream, name, line=start["window_line"], offset=start["window_offset"])
-  references = None
-  if config.references:
-    reference_stream, reference_name = _open_input(config.references)
-    references = _Lines(reference_stream, reference_name, line=start["window_line"],
-                        offset=start["references_offset"])
+  sides: dict[str, _Lines] = {}  # the files read beside the input, aligned line by line
+  for side in SIDE_FILES:
+    if getattr(config, side):
+      side_stream, side_name = _open_input(getattr(config, side))
+      sides[side] = _Lines(side_stream, side_name, line=start["window_line"],
+                           offset=start[f"{side}_offset"])
   writer = _Writer(output_path, settings) if writer_process else _NoWriter()
   progress = _Progress(config.progress if writer_process else "none", name=name, total=total,
                        initial=start["lines_done"], every_s=config.report_every_s)
+  ctrl_c = _CtrlC()
   state = _Run(translator=translator, decode=decode, config=config, source_lang=source_lang,
                target_lang=target_lang, writer=writer, progress=progress,
-               lines_done=start["lines_done"])
+               lines_done=start["lines_done"], ctrl_c=ctrl_c)
+  def side_offsets() -> dict[str, int]:
+    return {f"{side}_offset": sides[side].offset if side in sides else 0 for side in SIDE_FILES}
+
   def next_window() -> dict[str, int]:  # where the window after those read so far starts
     return {"lines_done": state.lines_done, "window_line": reader.line,
-            "window_offset": reader.offset,
-            "references_offset": references.offset if references else 0}
+            "window_offset": reader.offset, **side_offsets()}
 
   try:
+    ctrl_c.__enter__()
     while True:
-      window_line, window_offset = reader.line, reader.offset
-      references_offset = references.offset if references else 0
+      position = {"window_line": reader.line, "window_offset": reader.offset, **side_offsets()}
       lines = reader.window(config.window_lines)
-      targets = references.window(config.window_lines) if references else None
-      if targets is not None and len(targets) != len(lines):
-        shorter = references.name if len(targets) < len(lines) else name
-        raise DataError(f"{shorter} ends at line {window_line + min(len(lines), len(targets))}"
-                        f" but {name if shorter != name else references.name} goes on: the "
-                        "input and the references must be aligned line by line")
+      side_lines = {side: lines_of.window(config.window_lines)
+                    for side, lines_of in sides.items()}
+      for side, got in side_lines.items():
+        if len(got) != len(lines):
+          shorter, longer = ((sides[side].name, name) if len(got) < len(lines)
+                             else (name, sides[side].name))
+          raise DataError(f"{shorter} ends at line "
+                          f"{position['window_line'] + min(len(lines), len(got))} but {longer} "
+                          f"goes on: the input and the {side} must be aligned line by line")
       if not lines:
         break
-      state.window(lines, targets, position={
-          "window_line": window_line, "window_offset": window_offset,
-          "references_offset": references_offset}, name=name)
+      state.window(lines, side_lines, position=position, name=name)
       writer.write("", next_window())  # a resume from here starts with the next window
     writer.write("", next_window(), complete=True)
   except KeyboardInterrupt as interrupt:
     raise TranslationInterrupted(state.lines_done, output_path) from interrupt
   finally:
+    ctrl_c.__exit__()
     progress.close()
     writer.close()
     if input_path is not None:
       stream.close()
-    if references is not None:
-      references.stream.close()
+    for lines_of in sides.values():
+      lines_of.stream.close()
   if state.truncated > _TRUNCATION_WARNINGS:
     logger.warning("%s: %d lines in all were truncated to the model's limit (the first %d "
                    "are named above)", name, state.truncated, _TRUNCATION_WARNINGS)
@@ -516,6 +567,7 @@ class _Run:
   writer: Any
   progress: _Progress
   lines_done: int
+  ctrl_c: _CtrlC = dataclasses.field(default_factory=_CtrlC)
   truncated: int = 0
 
   def _on_truncate(self, what: str) -> Callable[[int, int, int], None]:
@@ -527,9 +579,10 @@ class _Run:
         warn_truncated(what, number, tokens, limit)
     return warn
 
-  def window(self, lines: list[str], targets: list[str] | None, *, position: dict[str, int],
-             name: str) -> None:
+  def window(self, lines: list[str], side_lines: dict[str, list[str]], *,
+             position: dict[str, int], name: str) -> None:
     """Decodes one window and writes its lines in order as they complete."""
+    targets = side_lines.get("references")
     first = position["window_line"]
     skip = max(0, self.lines_done - first)  # lines of this window already written
     todo = list(range(len(lines))) if targets is not None else [
@@ -558,11 +611,13 @@ class _Run:
     if targets is not None:
       batches = self._score(encoded, targets, todo, numbers, skip)
     else:
-      batches = self._translate(encoded, todo, skip, first, len(lines))
+      batches = self._translate(encoded, todo, skip, first, len(lines),
+                                self._controls(side_lines, todo, first))
     for outputs, tokens in batches:
       fresh = {i: text for i, text in outputs.items() if i >= skip}
       ready.update(fresh)
       emit(len(fresh), tokens)
+      self.ctrl_c.check()  # a Ctrl-C stops here, after the finished lines are written
     emit(0, 0)
     if next_line != len(lines):
       raise AssertionError(f"window at line {first + 1}: {len(lines) - next_line} lines were "
@@ -571,7 +626,29 @@ class _Run:
   def _pending_plan(self, plan, todo: Sequence[int], skip: int):
     return [batch for batch in plan if any(todo[j] >= skip for j in batch.indices)]
 
-  def _translate(self, encoded, todo, skip, first, window_size):
+  def _controls(self, side_lines: dict[str, list[str]], todo: Sequence[int],
+                first: int) -> text_controls.SentenceControls | None:
+    """The window's target prefixes and constraint phrases, tokenized and checked."""
+    prefixes, phrases = side_lines.get("prefixes"), side_lines.get("constraints")
+    if prefixes is None and phrases is None:
+      return None
+    try:
+      return text_controls.sentence_controls(
+          self.translator.tokenizer, self.decode, eos_id=self.translator.ids.eos_id,
+          count=len(prefixes if prefixes is not None else phrases), todo=todo,
+          target_prefix=prefixes, constraints=None if phrases is None else [
+              [p for p in line.split("\t") if p.strip()] for line in phrases],
+          target_lang=self.target_lang)
+    except ValueError as error:  # "target_prefix[i] ...": name the file's line instead
+      message = str(error)
+      for side, field in (("prefixes", "target_prefix"), ("constraints", "constraints")):
+        if message.startswith(field + "["):
+          index = int(message[len(field) + 1:message.index("]")])
+          rest = message[message.index("]") + 1:].lstrip()
+          message = f"{getattr(self.config, side)}: line {first + index + 1}: {rest}"
+      raise ValueError(message) from None
+
+  def _translate(self, encoded, todo, skip, first, window_size, controls=None):
     config, decode = self.config, self.decode
     # A full window pads every bucket's last batch to full rows too: one program per
     # bucket for the whole file (fewer compilations, flat memory); the last, partial
@@ -585,7 +662,7 @@ class _Run:
     tokenizer = self.translator.tokenizer
     for decoded in self.translator.decode_batches(
         encoded, self._pending_plan(plan, todo, skip), decode, n_best=bool(config.n_best),
-        rng=rng):
+        rng=rng, controls=controls):
       outputs = {}
       if config.n_best:
         count, width, length = decoded.tokens.shape

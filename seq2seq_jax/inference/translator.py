@@ -29,7 +29,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from seq2seq_jax.configs import DecodeConfig
-from seq2seq_jax.decoding import length_penalty, search_fn
+from seq2seq_jax import text_controls
+from seq2seq_jax.decoding import check_controls, length_penalty, search_fn
 from seq2seq_jax.inference.batching import (PlannedBatch, TruncationHandler, bucket_length,
                                             pad_batch, plan_batches, truncate_rows)
 from seq2seq_jax.models.base import special_ids
@@ -219,6 +220,42 @@ class Translator:
     translator.pretrained = checkpoint
     return translator
 
+  @classmethod
+  def ensemble(cls, translators: Sequence["Translator"], *, weights: Sequence[float] | None = None,
+               average: str = "log", **kwargs) -> "Translator":
+    """One translator whose model is an ``Ensemble`` of the given translators' models.
+
+    The members must share one vocabulary (equal tokenizers); the first one's
+    tokenizer, search settings, bucketing and mesh are kept, the shortest source
+    limit applies. ``weights`` and ``average`` are ``Ensemble``'s.
+
+    Example:
+      >>> one, two = Translator.from_workdir("runs/tiny"), Translator.from_workdir("runs/tiny")
+      >>> both = Translator.ensemble([one, two])
+      >>> both.translate(["Ein Hund läuft."]) == one.translate(["Ein Hund läuft."])  # same model
+      True
+    """
+    from seq2seq_jax.models.ensemble import Ensemble, ensemble_params
+
+    if not translators:
+      raise ValueError("an ensemble needs at least one translator")
+    first, *others = translators
+    for i, other in enumerate(others, start=1):
+      if not text_controls.same_vocabulary(first.tokenizer, other.tokenizer):
+        raise ValueError(f"ensemble member {i} has another vocabulary than member 0: an "
+                         "ensemble averages predictions over one shared vocabulary")
+    model = Ensemble(models=tuple(t.model for t in translators), average=average,
+                     weights=None if weights is None else tuple(weights))
+    options = dict(decode_config=first.decode_config, batch_size=first.batch_size,
+                   max_source_len=min(t.max_source_len for t in translators),
+                   bucket_lengths=first.bucket_lengths, mesh=first.mesh)
+    options.update(kwargs)
+    translator = cls(model, ensemble_params([t.params for t in translators]), first.tokenizer,
+                     **options)
+    translator.config, translator.step = first.config, first.step
+    translator.pretrained = first.pretrained
+    return translator
+
   # ---- settings ------------------------------------------------------------------------------
   def max_decode_len(self, config: DecodeConfig) -> int:
     """The output limit used for every batch: the ratio applied to ``max_source_len``."""
@@ -228,7 +265,8 @@ class Translator:
 
   def resolve_decode_config(self, *, beam_size: int | None = None, alpha: float | None = None,
                             method: str | None = None, max_decode_len: int | None = None,
-                            target_lang: str | None = None) -> DecodeConfig:
+                            target_lang: str | None = None,
+                            **decode_options: Any) -> DecodeConfig:
     """The search ``translate`` runs: the defaults with these overrides, one fixed length limit.
 
     Arguments as ``translate``'s. The limit is the same for every batch, whatever
@@ -236,7 +274,7 @@ class Translator:
     it was batched with; searches stop as soon as every row has finished, so the
     limit costs nothing when unused.
     """
-    config = self.decode_config
+    config = text_controls.with_decode_options(self.decode_config, decode_options)
     changes: dict[str, Any] = {}
     if beam_size is not None:
       changes["beam_size"] = beam_size
@@ -310,28 +348,59 @@ class Translator:
     inputs_BS = self._pad([encoded[i] for i in batch.indices], batch.length, batch.rows)
     return put_global(inputs_BS, self._rows)
 
-  def search(self, config: DecodeConfig, *, n_best: bool = False) -> Callable:
-    """The jitted search ``(params, inputs_BS, rng) -> (tokens, scores)`` over the mesh."""
-    return self._program(
-        ("search", config, n_best),
-        lambda: search_fn(self.model, config, max_decode_len=config.max_decode_len,
-                          n_best=n_best), row_args=1, keyed=True)
+  def search(self, config: DecodeConfig, *, n_best: bool = False,
+             controls: tuple[str, ...] = ()) -> Callable:
+    """The jitted search over the mesh: ``(params, inputs_BS, *controls, rng) -> (tokens,
+    scores)``, ``controls`` naming the per-row arrays that follow the sources, in this
+    order: ``"target_prefix"`` ``[B, P]``, ``"constraints"`` ``[B, C, L]``."""
+    unknown = set(controls) - {"target_prefix", "constraints"}
+    if unknown:
+      raise ValueError(f"unknown controls {sorted(unknown)}")
+
+    def build() -> Callable:
+      search = search_fn(self.model, config, max_decode_len=config.max_decode_len,
+                         n_best=n_best)
+
+      def run(params, inputs_BS, *rest):
+        *arrays, rng = rest
+        given = dict(zip(controls, arrays))
+        return search(params, inputs_BS, rng, given.get("target_prefix"),
+                      given.get("constraints"))
+      return run
+
+    return self._program(("search", config, n_best, controls), build,
+                         row_args=1 + len(controls), keyed=True)
 
   def decode_batches(self, encoded: Sequence[Sequence[int]], plan: Sequence[PlannedBatch],
                      config: DecodeConfig, *, n_best: bool = False,
-                     rng: jax.Array | None = None) -> Iterator[DecodedBatch]:
+                     rng: jax.Array | None = None,
+                     controls: text_controls.SentenceControls | None = None
+                     ) -> Iterator[DecodedBatch]:
     """Decodes the batches of ``plan`` in order, yielding each on the host.
 
     The next batch is sent to the devices before the previous one is fetched, so the
     host's work (padding, detokenizing, writing) overlaps the devices'. A batch
     samples with ``fold_in(rng, i)``, ``i`` its first sentence's index in ``encoded``
     (default ``rng``: ``key(config.seed)``): the same key wherever the plan is cut.
+    ``controls`` holds the target prefixes and constraint phrases of the sentences
+    of ``encoded`` (``text_controls.sentence_controls``); a batch none of whose
+    sentences has one runs the plain search.
     """
-    search = self.search(config, n_best=n_best)
     rng = jax.random.key(config.seed) if rng is None else rng
 
     def dispatch(batch: PlannedBatch):
+      arrays = {} if controls is None else controls.batch_arrays(
+          batch.indices, batch.rows, pad_id=self.ids.pad_id)
+      if arrays:
+        prefix, phrases = check_controls(self.model, config, batch.rows, config.max_decode_len,
+                                         arrays.get("target_prefix"), arrays.get("constraints"))
+        arrays = {name: value for name, value in (("target_prefix", prefix),
+                                                  ("constraints", phrases))
+                  if value is not None}
+      search = self.search(config, n_best=n_best, controls=tuple(arrays))
       return search(self.params, self.place_batch(encoded, batch),
+                    *(put_global(np.asarray(value, np.int32), self._rows)
+                      for value in arrays.values()),
                     jax.random.fold_in(rng, batch.indices[0]))
 
     for batch, (tokens, scores) in _one_ahead(plan, dispatch):
@@ -341,7 +410,9 @@ class Translator:
   def translate(self, sentences: Sequence[str], *, beam_size: int | None = None,
                 alpha: float | None = None, method: str | None = None,
                 max_decode_len: int | None = None, source_lang: str | None = None,
-                target_lang: str | None = None) -> list[str]:
+                target_lang: str | None = None, target_prefix: Sequence[str] | None = None,
+                constraints: Sequence[Sequence[str]] | None = None,
+                **decode_options: Any) -> list[str]:
     """Translations of ``sentences``, in their order; an empty line gives ''.
 
     Args:
@@ -355,14 +426,35 @@ class Translator:
       source_lang, target_lang: language codes of multilingual checkpoints
         (M2M100 "de", NLLB "deu_Latn"); the target's code is forced as the first
         output token. Must be None for single-pair models.
+      target_prefix: one text per sentence ('' for none) that its translation must
+        begin with (after a forced language code); the search goes on from there.
+      constraints: one list of phrases per sentence ([] for none) that its
+        translation must contain; needs beam search (see ``decoding.constraints``).
+      **decode_options: other ``DecodeConfig`` fields for this call, e.g.
+        ``no_repeat_ngram_size=3``, ``repetition_penalty=1.2``,
+        ``num_beam_groups=2, diversity_penalty=0.5``, ``early_stopping=True``.
+
+    Example:
+      >>> translator = Translator.from_pretrained("opus-mt-de-en")
+      >>> out = translator.translate(["Ein Hund läuft im Park."], beam_size=4,
+      ...                            target_prefix=["The dog"], constraints=[["park"]],
+      ...                            no_repeat_ngram_size=3)
+      >>> out[0].startswith("The dog"), "park" in out[0]
+      (True, True)
     """
     config = self.resolve_decode_config(beam_size=beam_size, alpha=alpha, method=method,
-                                        max_decode_len=max_decode_len, target_lang=target_lang)
+                                        max_decode_len=max_decode_len, target_lang=target_lang,
+                                        **decode_options)
     outputs = [""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     encoded = self.encode([sentences[i] for i in todo], source_lang)
+    controls = text_controls.sentence_controls(
+        self.tokenizer, config, eos_id=self.ids.eos_id, count=len(sentences), todo=todo,
+        target_prefix=target_prefix, constraints=constraints, target_lang=target_lang)
+    if controls.prefixes is None and controls.phrases is None:
+      controls = None
     plan = self.plan([len(ids) for ids in encoded])
-    for decoded in self.decode_batches(encoded, plan, config):
+    for decoded in self.decode_batches(encoded, plan, config, controls=controls):
       texts = self.tokenizer.decode_batch(decoded.tokens)
       for j, text in zip(decoded.batch.indices, texts):
         outputs[todo[j]] = text

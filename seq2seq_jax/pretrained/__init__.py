@@ -44,12 +44,11 @@ logger = logging.getLogger("seq2seq_jax")
 
 FAMILIES = {marian.MODEL_TYPE: marian, m2m100.MODEL_TYPE: m2m100}
 
-# generation_config.json fields honoured below, and those that would change outputs
-# this library's search does not reproduce (a warning names them).
-_UNSUPPORTED_GENERATION = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
-                           "min_length": 0, "min_new_tokens": None, "num_beam_groups": 1,
-                           "diversity_penalty": 0.0, "do_sample": False,
-                           "encoder_no_repeat_ngram_size": 0}
+# generation_config.json fields that would change outputs in ways this library's
+# search does not reproduce (a warning names them); decode_config honours the others.
+_UNSUPPORTED_GENERATION = {"min_length": 0, "min_new_tokens": None, "do_sample": False,
+                           "encoder_no_repeat_ngram_size": 0,
+                           "encoder_repetition_penalty": 1.0}
 
 
 @dataclasses.dataclass
@@ -124,14 +123,15 @@ def decode_config(generation: dict[str, Any], config: TransformerConfig,
                   source: pathlib.Path) -> DecodeConfig:
   """The ``DecodeConfig`` of a ``generation_config.json``.
 
-  Honoured: ``num_beams`` (beam search when > 1), ``max_new_tokens`` or
-  ``max_length`` (which counts the decoder start, so ``max_length - 1`` tokens are
-  generated), ``forced_bos_token_id``, ``forced_eos_token_id`` (EOS at the length
-  limit), single-token ``bad_words_ids`` (never generated), ``length_penalty`` as
-  the GNMT exponent ``alpha`` (transformers divides by ``length ** length_penalty``
-  instead; the rankings differ slightly). Fields that change outputs in ways this
-  search does not reproduce (``no_repeat_ngram_size``, ``repetition_penalty``...)
-  are named in a warning.
+  Honoured, with transformers' defaults where a field is absent: ``num_beams`` (beam
+  search when > 1), ``max_new_tokens`` or ``max_length`` (which counts the decoder
+  start, so ``max_length - 1`` tokens are generated), ``forced_bos_token_id``,
+  ``forced_eos_token_id`` (EOS at the length limit), single-token ``bad_words_ids``
+  (never generated), ``length_penalty`` (1.0: the exponent of the ``"power"`` form
+  ``length ** length_penalty``), ``early_stopping`` (False), ``num_beam_groups`` and
+  ``diversity_penalty``, ``no_repeat_ngram_size``, ``repetition_penalty`` and
+  ``renormalize_logits``. Fields that change outputs in ways this search does not
+  reproduce (``min_length``, ``do_sample``...) are named in a warning.
   """
   where = source / "generation_config.json"
   for name, neutral in _UNSUPPORTED_GENERATION.items():
@@ -153,9 +153,21 @@ def decode_config(generation: dict[str, Any], config: TransformerConfig,
   max_decode_len = min(max_decode_len, config.max_len)
   beams = int(generation.get("num_beams") or 1)
   forced_bos = generation.get("forced_bos_token_id")
+  length_penalty = float(generation.get("length_penalty", 1.0))
+  if length_penalty < 0:
+    logger.warning("%s: length_penalty=%r < 0 (favouring short outputs) is not supported; "
+                   "using 0", where, length_penalty)
+    length_penalty = 0.0
+  groups = int(generation.get("num_beam_groups") or 1)
   return DecodeConfig(
       method="beam" if beams > 1 else "greedy", beam_size=max(beams, 1),
-      alpha=float(generation.get("length_penalty", 1.0)) if beams > 1 else 0.6,
+      alpha=length_penalty, length_penalty_form="power",
+      early_stopping=generation.get("early_stopping", False),
+      num_beam_groups=groups if beams > 1 else 1,
+      diversity_penalty=float(generation.get("diversity_penalty") or 0.0) if groups > 1 else 0.0,
+      no_repeat_ngram_size=int(generation.get("no_repeat_ngram_size") or 0),
+      repetition_penalty=float(generation.get("repetition_penalty") or 1.0),
+      renormalize_logits=bool(generation.get("renormalize_logits", False)),
       max_decode_len=max(max_decode_len, 1), forced_bos_id=forced_bos,
       force_eos_at_limit=forced_eos is not None,
       suppress_ids=tuple(sorted({ids[0] for ids in bad})))

@@ -99,8 +99,8 @@ class PrefixToy:
     return logits_NV, {"index": index + 1, "history": history, "row": cache["row"]}
 
   # numpy mirror ------------------------------------------------------------
-  def logprobs(self, row: int, prefix: tuple[int, ...]) -> np.ndarray:
-    """float64 log-probabilities of the next token after ``prefix`` (BOS excluded)."""
+  def next_logits(self, row: int, prefix: tuple[int, ...]) -> np.ndarray:
+    """float64 logits of the next token after ``prefix`` (BOS excluded), as ``step_fn``."""
     fed = (BOS_ID,) + tuple(prefix)
     hashed = (row * 97 + sum(int(t) * int(w) for t, w in zip(fed, self.weights))
               + 3 * sum(fed))
@@ -110,8 +110,20 @@ class PrefixToy:
       logits[EOS_ID] += NEG_INF
     else:
       logits[EOS_ID] += self.eos_boost
-    shifted = logits - logits.max()
-    return shifted - np.log(np.exp(shifted).sum())
+    return logits
+
+  def logprobs(self, row: int, prefix: tuple[int, ...]) -> np.ndarray:
+    """float64 log-probabilities of the next token after ``prefix`` (BOS excluded)."""
+    return log_softmax(self.next_logits(row, prefix))
+
+  def outputs(self, max_decode_len: int):
+    """Every token sequence a decoder may produce: words then EOS within ``max_decode_len``
+    tokens, or ``max_decode_len`` words. PAD and BOS are never generated."""
+    for length in range(max_decode_len + 1):
+      for words in itertools.product(range(EOS_ID + 1, self.vocab), repeat=length):
+        tokens = words + ((EOS_ID,) if length < max_decode_len else ())
+        if tokens:
+          yield tokens
 
   def enumerate(self, row: int, max_decode_len: int, alpha: float):
     """Every output a decoder may produce, scored: [(score, tokens padded to T)], best first.
@@ -135,20 +147,46 @@ class PrefixToy:
     return outputs
 
 
+def log_softmax(x: np.ndarray) -> np.ndarray:
+  shifted = x - x.max()
+  return shifted - np.log(np.exp(shifted).sum())
+
+
+def padded(tokens, length: int, pad_id: int = PAD_ID) -> tuple[int, ...]:
+  return tuple(tokens) + (pad_id,) * (length - len(tokens))
+
+
+def assert_n_best(tokens_WT, scores_W, every):
+  """The W outputs are the W best of ``every`` [(score, tokens)] (best first), ties in any
+  order: their scores are the best W scores and each is its output's true score."""
+  width = len(scores_W)
+  real = scores_W > 0.5 * NEG_INF
+  assert real.sum() == min(width, len(every))
+  np.testing.assert_allclose(scores_W[real], [s for s, _ in every[:width]], rtol=1e-5)
+  truth = {tokens: score for score, tokens in every}
+  returned = [tuple(int(t) for t in row) for row in tokens_WT[real]]
+  assert len(set(returned)) == len(returned)
+  for tokens, score in zip(returned, scores_W[real]):
+    np.testing.assert_allclose(truth[tokens], score, rtol=1e-5)
+
+
 def run_jit(search, step_fn, cache, **kwargs):
-  """Runs a search under jit, as generate does: cache (and rng) traced, the rest static.
+  """Runs a search under jit, as generate does: cache, rng and array arguments (a target
+  prefix, constraints) traced, the rest static.
 
   The jitted function is reused for the same search, step function and settings, so
   a test that decodes the same toy several times compiles once per shape.
   """
   rng = kwargs.pop("rng", None)
-  jitted = _jitted_search(search, step_fn, tuple(sorted(kwargs.items())))
-  return jitted(cache, rng)
+  arrays = {k: v for k, v in kwargs.items() if isinstance(v, (np.ndarray, jax.Array))}
+  static = {k: v for k, v in kwargs.items() if k not in arrays}
+  jitted = _jitted_search(search, step_fn, tuple(sorted(static.items())))
+  return jitted(cache, rng, arrays)
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted_search(search, step_fn, settings):
-  def run(cache, rng):
+  def run(cache, rng, arrays):
     extra = {} if rng is None else {"rng": rng}
-    return search(step_fn, cache, **extra, **dict(settings))
+    return search(step_fn, cache, **extra, **arrays, **dict(settings))
   return jax.jit(run)

@@ -244,3 +244,63 @@ def test_plain_progress_lines_report_rates_and_eta(one_device, source_file, tmp_
   assert done == sorted(done) and any(0 < n < 43 for n in done)  # counts as batches finish
   assert re.fullmatch(r".*input.de: 43/43 lines \(100\.0%\), [\d.,]+ sentences/s, [\d,]+ "
                       r"tokens/s, ETA 0:00:00", lines[-1])
+
+
+def _steering_files(tmp_path, count):
+  """A prefix on every third line, phrases on some others (a tab between two phrases)."""
+  prefixes = ["a man" if i % 3 == 0 else "" for i in range(count)]
+  phrases = [["dog"] if i % 4 == 1 else ["in the", "water"] if i % 5 == 2 else []
+             for i in range(count)]
+  prefix_file, phrase_file = tmp_path / "prefixes.en", tmp_path / "phrases.tsv"
+  prefix_file.write_text("".join(p + "\n" for p in prefixes), encoding="utf-8")
+  phrase_file.write_text("".join("\t".join(row) + "\n" for row in phrases), encoding="utf-8")
+  return prefixes, phrases, prefix_file, phrase_file
+
+
+def test_prefix_and_constraint_files_steer_each_line_and_resume(one_device, eight_devices,
+                                                                source_file, sentences,
+                                                                tmp_path, monkeypatch):
+  prefixes, phrases, prefix_file, phrase_file = _steering_files(tmp_path, len(sentences))
+  config = dataclasses.replace(SMALL, prefixes=str(prefix_file), constraints=str(phrase_file))
+  whole = tmp_path / "steered.en"
+  translate_file(one_device, source_file, whole, config=config, beam_size=3)
+  lines = _lines(whole)
+  assert lines == one_device.translate(sentences, beam_size=3, target_prefix=prefixes,
+                                       constraints=phrases)
+  for line, source, prefix, row in zip(lines, sentences, prefixes, phrases):
+    if source.strip():
+      assert line.startswith(prefix) and all(phrase in line for phrase in row), (line, row)
+  translate_file(one_device, source_file, tmp_path / "plain.en", config=SMALL, beam_size=3)
+  assert lines != _lines(tmp_path / "plain.en")  # the files changed the outputs
+  # 8 devices, and an interrupted run resumed: the same bytes
+  eight = tmp_path / "eight.en"
+  translate_file(eight_devices, source_file, eight, config=config, beam_size=3)
+  assert eight.read_bytes() == whole.read_bytes()
+  out = tmp_path / "resumed.en"
+  with monkeypatch.context() as patch:
+    patch.setattr(one_device, "decode_batches", _Interrupt(one_device, after=5))
+    with pytest.raises(TranslationInterrupted):
+      translate_file(one_device, source_file, out, config=config, beam_size=3)
+  assert translate_file(one_device, source_file, out, config=config, beam_size=3).resumed_from
+  assert out.read_bytes() == whole.read_bytes()
+
+
+def test_prefix_and_constraint_files_errors_name_the_file_and_line(one_device, source_file,
+                                                                   sentences, tmp_path):
+  _, _, prefix_file, phrase_file = _steering_files(tmp_path, len(sentences))
+  short = tmp_path / "short.en"
+  short.write_text("a man\n", encoding="utf-8")
+  with pytest.raises(DataError, match=r"short.en ends at line 1 but .*input.de goes on.*prefixes"):
+    translate_file(one_device, source_file, tmp_path / "a.en", beam_size=3,
+                   config=dataclasses.replace(SMALL, prefixes=str(short)))
+  long_prefix = tmp_path / "long.en"
+  long_prefix.write_text("\n" * 13 + " ".join(["a man"] * 20) + "\n" * (len(sentences) - 13),
+                         encoding="utf-8")
+  with pytest.raises(ValueError, match=r"long.en: line 14: has \d+ tokens; the output limit"):
+    translate_file(one_device, source_file, tmp_path / "b.en", beam_size=3,
+                   config=dataclasses.replace(SMALL, prefixes=str(long_prefix)))
+  with pytest.raises(ValueError, match="constraints need beam search"):
+    translate_file(one_device, source_file, tmp_path / "c.en", method="greedy",
+                   config=dataclasses.replace(SMALL, constraints=str(phrase_file)))
+  with pytest.raises(ValueError, match="prefixes and constraints steer a search"):
+    TranslateFileConfig(references=str(source_file), prefixes=str(prefix_file))

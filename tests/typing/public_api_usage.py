@@ -30,6 +30,19 @@ def decode() -> tuple[Array, Array]:
   return tokens_BT, scores_B
 
 
+def decode_with_controls() -> tuple[Array, Array]:
+  model, params, inputs_BS = build()
+  config = s2s.DecodeConfig(method="beam", beam_size=4, alpha=1.0, length_penalty_form="power",
+                            early_stopping=True, num_beam_groups=1, no_repeat_ngram_size=3,
+                            repetition_penalty=1.2, renormalize_logits=True)
+  s2s.generate(model, params, inputs_BS, config, target_prefix=[[7], []],
+               constraints=[[[8, 9]], []])
+  ensemble = s2s.Ensemble(models=(model, model), weights=(2.0, 1.0), average="probability")
+  return s2s.generate(ensemble, s2s.ensemble_params([params, params]), inputs_BS, config,
+                      target_prefix=s2s.decoding.pad_target_prefix([[7], []]),
+                      constraints=s2s.decoding.pad_constraints([[[8, 9]], []]))
+
+
 def step_fn(tokens_N: Array, cache: PyTree) -> tuple[Array, PyTree]:
   return jnp.zeros((tokens_N.shape[0], 6)), cache
 
@@ -40,6 +53,10 @@ def search() -> None:
   s2s.greedy_search(fn, {}, batch_size=2, max_decode_len=3, bos_id=1, eos_id=2, rules=rules)
   s2s.beam_search(fn, {}, batch_size=2, beam_size=2, max_decode_len=3, alpha=0.6, bos_id=1,
                   eos_id=2)
+  s2s.beam_search(fn, {}, batch_size=2, beam_size=4, max_decode_len=3, alpha=0.6, bos_id=1,
+                  eos_id=2, rules=s2s.TokenRules(no_repeat_ngram_size=2), num_beam_groups=2,
+                  diversity_penalty=0.5, early_stopping=False, length_penalty_form="power",
+                  target_prefix_BP=jnp.array([[4], [0]]))
   s2s.sample(fn, {}, rng=jax.random.key(0), batch_size=2, max_decode_len=3, bos_id=1,
              eos_id=2, temperature=0.8, top_k=4, top_p=0.9)
   memory: PyTree = s2s.expand_to_beams({"x": jnp.ones((2, 3))}, 4)
