@@ -11,7 +11,7 @@ batches with different prefixes and phrases compile a handful of programs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,16 +74,20 @@ def _power_of_two(n: int, minimum: int) -> int:
 def sentence_controls(tokenizer: Any, config: DecodeConfig, *, eos_id: int,
                       count: int, todo: Sequence[int], target_prefix: Sequence[str] | None,
                       constraints: Sequence[Sequence[str]] | None,
-                      target_lang: str | None = None) -> SentenceControls:
+                      target_lang: str | None = None,
+                      name: Callable[[str, int], str] | None = None) -> SentenceControls:
   """The prefixes and phrases of the sentences ``todo`` (of ``count``), tokenized and checked.
 
   Raises ``ValueError`` naming the sentence when its prefix, or its phrases with the
   prefix, leave no room in ``config.max_decode_len`` (the limit of this call), or a
-  phrase is empty; and when the lists do not have one entry per sentence.
+  phrase is empty; and when the lists do not have one entry per sentence. ``name(field,
+  i)`` says how a message names sentence ``i``'s entry of ``field`` ("target_prefix" or
+  "constraints"); default ``field[i]``.
   """
-  for name, given in (("target_prefix", target_prefix), ("constraints", constraints)):
+  name = name or (lambda field, i: f"{field}[{i}]")
+  for field, given in (("target_prefix", target_prefix), ("constraints", constraints)):
     if given is not None and len(given) != count:
-      raise ValueError(f"{name} needs one entry per sentence; got {len(given)} for {count} "
+      raise ValueError(f"{field} needs one entry per sentence; got {len(given)} for {count} "
                        "sentences")
   room = config.max_decode_len - int(config.forced_bos_id is not None)
   prefixes = None
@@ -92,8 +96,8 @@ def sentence_controls(tokenizer: Any, config: DecodeConfig, *, eos_id: int,
                                   target_lang=target_lang)
     for j, ids in enumerate(prefixes):
       if len(ids) >= room:
-        raise ValueError(f"target_prefix[{todo[j]}] has {len(ids)} tokens; the output limit "
-                         f"of {config.max_decode_len} leaves no room to translate: pass a larger "
+        raise ValueError(f"{name('target_prefix', todo[j])} has {len(ids)} tokens; the output "
+                         f"limit of {config.max_decode_len} leaves no room to translate: pass a larger "
                          "max_decode_len")
   phrases = None
   if constraints is not None and any(constraints[i] for i in todo):
@@ -104,10 +108,10 @@ def sentence_controls(tokenizer: Any, config: DecodeConfig, *, eos_id: int,
                                   target_lang=target_lang) for i in todo]
     for j, row in enumerate(phrases):
       if any(not phrase for phrase in row):
-        raise ValueError(f"constraints[{todo[j]}] holds an empty phrase")
+        raise ValueError(f"{name('constraints', todo[j])} holds an empty phrase")
       used = sum(len(p) for p in row) + (len(prefixes[j]) if prefixes else 0)
       if used > room - int(config.force_eos_at_limit):
-        raise ValueError(f"constraints[{todo[j]}] need {used} tokens with the prefix; the "
+        raise ValueError(f"{name('constraints', todo[j])} need {used} tokens with the prefix; the "
                          f"output limit is {config.max_decode_len}: pass a larger "
                          "max_decode_len or fewer phrases")
   return SentenceControls(prefixes, phrases)

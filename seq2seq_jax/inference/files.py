@@ -21,8 +21,8 @@ score, the log-probability divided by the GNMT length penalty; best first); with
 given the same line of the input (``Translator.score``). ``prefixes`` and
 ``constraints`` name files aligned with the input as well: a target prefix per
 line, and the phrases (tab-separated) each translation must contain (empty lines
-for none; ``Translator.translate``'s ``target_prefix`` and ``constraints``). An empty input line gives
-an empty output (K of them with n-best); invalid UTF-8 stops with an error naming
+for none; ``Translator.translate``'s ``target_prefix`` and ``constraints``). An
+empty input line gives an empty output (K of them with n-best); invalid UTF-8 stops with an error naming
 the line; a line longer than the model allows is truncated with a warning naming
 it.
 
@@ -518,28 +518,27 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
             "window_offset": reader.offset, **side_offsets()}
 
   try:
-    ctrl_c.__enter__()
-    while True:
-      position = {"window_line": reader.line, "window_offset": reader.offset, **side_offsets()}
-      lines = reader.window(config.window_lines)
-      side_lines = {side: lines_of.window(config.window_lines)
-                    for side, lines_of in sides.items()}
-      for side, got in side_lines.items():
-        if len(got) != len(lines):
-          shorter, longer = ((sides[side].name, name) if len(got) < len(lines)
-                             else (name, sides[side].name))
-          raise DataError(f"{shorter} ends at line "
-                          f"{position['window_line'] + min(len(lines), len(got))} but {longer} "
-                          f"goes on: the input and the {side} must be aligned line by line")
-      if not lines:
-        break
-      state.window(lines, side_lines, position=position, name=name)
-      writer.write("", next_window())  # a resume from here starts with the next window
-    writer.write("", next_window(), complete=True)
+    with ctrl_c:
+      while True:
+        position = {"window_line": reader.line, "window_offset": reader.offset, **side_offsets()}
+        lines = reader.window(config.window_lines)
+        side_lines = {side: lines_of.window(config.window_lines)
+                      for side, lines_of in sides.items()}
+        for side, got in side_lines.items():
+          if len(got) != len(lines):
+            shorter, longer = ((sides[side].name, name) if len(got) < len(lines)
+                               else (name, sides[side].name))
+            raise DataError(f"{shorter} ends at line "
+                            f"{position['window_line'] + min(len(lines), len(got))} but {longer} "
+                            f"goes on: the input and the {side} must be aligned line by line")
+        if not lines:
+          break
+        state.window(lines, side_lines, position=position, name=name)
+        writer.write("", next_window())  # a resume from here starts with the next window
+      writer.write("", next_window(), complete=True)
   except KeyboardInterrupt as interrupt:
     raise TranslationInterrupted(state.lines_done, output_path) from interrupt
   finally:
-    ctrl_c.__exit__()
     progress.close()
     writer.close()
     if input_path is not None:
@@ -632,21 +631,14 @@ class _Run:
     prefixes, phrases = side_lines.get("prefixes"), side_lines.get("constraints")
     if prefixes is None and phrases is None:
       return None
-    try:
-      return text_controls.sentence_controls(
-          self.translator.tokenizer, self.decode, eos_id=self.translator.ids.eos_id,
-          count=len(prefixes if prefixes is not None else phrases), todo=todo,
-          target_prefix=prefixes, constraints=None if phrases is None else [
-              [p for p in line.split("\t") if p.strip()] for line in phrases],
-          target_lang=self.target_lang)
-    except ValueError as error:  # "target_prefix[i] ...": name the file's line instead
-      message = str(error)
-      for side, field in (("prefixes", "target_prefix"), ("constraints", "constraints")):
-        if message.startswith(field + "["):
-          index = int(message[len(field) + 1:message.index("]")])
-          rest = message[message.index("]") + 1:].lstrip()
-          message = f"{getattr(self.config, side)}: line {first + index + 1}: {rest}"
-      raise ValueError(message) from None
+    files = {"target_prefix": self.config.prefixes, "constraints": self.config.constraints}
+    return text_controls.sentence_controls(
+        self.translator.tokenizer, self.decode, eos_id=self.translator.ids.eos_id,
+        count=len(prefixes if prefixes is not None else phrases), todo=todo,
+        target_prefix=prefixes, constraints=None if phrases is None else [
+            [p for p in line.split("\t") if p.strip()] for line in phrases],
+        target_lang=self.target_lang,
+        name=lambda field, i: f"{files[field]}: line {first + i + 1}:")
 
   def _translate(self, encoded, todo, skip, first, window_size, controls=None):
     config, decode = self.config, self.decode

@@ -78,6 +78,20 @@ def _checkpoint(request, tmp_path_factory, name: str) -> pathlib.Path:
   return root / name
 
 
+def transformers_pair(directory: pathlib.Path, family: str, source_lang: str | None = None,
+                      target_lang: str | None = None):
+  """transformers' model (eval mode) and tokenizer of a checkpoint directory; a multilingual
+  family's tokenizer set to translate ``source_lang`` -> ``target_lang``."""
+  import transformers  # noqa: PLC0415
+  hf_class = (transformers.MarianMTModel if family == "marian"
+              else transformers.M2M100ForConditionalGeneration)
+  hf_model = hf_class.from_pretrained(directory).eval()
+  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+  if family != "marian":
+    hf_tokenizer.src_lang, hf_tokenizer.tgt_lang = source_lang, target_lang
+  return hf_model, hf_tokenizer
+
+
 @pytest.fixture(scope="session")
 def marian_dir(request, tmp_path_factory) -> pathlib.Path:
   """OPUS-MT layout, shared vocabulary: de -> en, 2 + 2 layers of width 64, 400 steps."""

@@ -17,6 +17,7 @@ from seq2seq_jax.decoding import generate
 from seq2seq_jax.text_controls import encode_target_text
 from seq2seq_jax.translator import Translator
 from tests.conftest import shared_data
+from tests.pretrained.conftest import transformers_pair
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,12 +36,7 @@ def _sources(count):
 def family(request):
   """(name, checkpoint, transformers model, transformers tokenizer)."""
   directory = request.getfixturevalue(f"{request.param}_dir")
-  hf_class = (transformers.MarianMTModel if request.param == "marian"
-              else transformers.M2M100ForConditionalGeneration)
-  hf_model = hf_class.from_pretrained(directory).eval()
-  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-  if request.param != "marian":
-    hf_tokenizer.src_lang, hf_tokenizer.tgt_lang = "de", "en"
+  hf_model, hf_tokenizer = transformers_pair(directory, request.param, "de", "en")
   return request.param, pretrained.load(directory), hf_model, hf_tokenizer
 
 

@@ -18,6 +18,7 @@ from seq2seq_jax.configs import DecodeConfig
 from seq2seq_jax.decoding import generate
 from seq2seq_jax.translator import Translator
 from tests.conftest import shared_data
+from tests.pretrained.conftest import transformers_pair
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -38,13 +39,8 @@ def family(request):
   """(name, directory, transformers model, transformers tokenizer) of one checkpoint family;
   NLLB-200 is the M2M100 architecture with its own tokenizer and language codes."""
   directory = request.getfixturevalue(f"{request.param}_dir")
-  hf_class = (transformers.MarianMTModel if request.param == "marian"
-              else transformers.M2M100ForConditionalGeneration)
-  hf_model = hf_class.from_pretrained(directory).eval()
-  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-  if request.param != "marian":
-    hf_tokenizer.src_lang, hf_tokenizer.tgt_lang = SOURCE_LANG[request.param], TARGET_LANG[
-        request.param]
+  hf_model, hf_tokenizer = transformers_pair(directory, request.param,
+                                             SOURCE_LANG[request.param], TARGET_LANG[request.param])
   return request.param, directory, hf_model, hf_tokenizer
 
 
