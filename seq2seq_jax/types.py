@@ -35,6 +35,13 @@ UNK_ID: int = 3
 # uniform distribution instead of NaN, and (x + NEG_INF) stays finite in f32/bf16.
 NEG_INF: float = -1e9
 
+# Logits of at most this many rows (a decoding step of batch x beams <= 32) are laid
+# out vocabulary-major: the models compute them as [V, N] and hand over the
+# transposed view, and the decoding step's reductions over the vocabulary (log-softmax,
+# argmax) are written along that axis, so XLA's CPU backend reads them as they lie
+# and never materializes the [N, V] copy (see layers.embeddings.vocab_logits).
+VOCAB_MAJOR_MAX_ROWS: int = 32
+
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 DType = Any
@@ -48,6 +55,7 @@ __all__ = [
     "EOS_ID",
     "UNK_ID",
     "NEG_INF",
+    "VOCAB_MAJOR_MAX_ROWS",
     "Array",
     "ArrayLike",
     "DType",

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from seq2seq_jax.decoding import constraints as constraints_lib
 from seq2seq_jax.decoding import prefix, selection
 from seq2seq_jax.decoding.step import (StepFn, TokenRules, apply_token_rules, check_cache,
-                                       check_decode_args, check_rules, model_logits,
-                                       next_token_logprobs)
+                                       check_decode_args, check_rules, log_softmax,
+                                       model_logits, next_token_logprobs)
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree
 
 # A score at or below this belongs to no real hypothesis: it went through a NEG_INF
@@ -487,7 +487,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
                      pad_id=pad_id, rules=rules)
     if groups > 1:
       logits_NV, cache = model_logits(step_fn, tokens_N, state.cache)
-      logprobs_NV = logits_NV - jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)
+      logprobs_NV = log_softmax(logits_NV)
     else:
       logprobs_NV, cache = next_token_logprobs(step_fn, tokens_N, state.cache,
                                                history_NT=history_NT, forced_N=forced_N,

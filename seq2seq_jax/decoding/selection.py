@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from seq2seq_jax.types import Array
+from seq2seq_jax.types import VOCAB_MAJOR_MAX_ROWS, Array
 
 # Below this many elements per row the one-stage primitives are as fast.
 _MIN_BLOCKED_LENGTH = 2048
@@ -74,11 +74,32 @@ def argmax(x_NM: Array) -> Array:
   if length < _MIN_BLOCKED_LENGTH:
     return jnp.argmax(x_NM, axis=-1).astype(jnp.int32)
   block = _block_size(length, 1)
+  if x_NM.ndim == 2 and x_NM.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
+    return _argmax_along_0(x_NM.T, block)
   best_N = jnp.argmax(_block_maxima(x_NM, block), axis=-1).astype(jnp.int32)
   positions, _ = _block_positions(best_N[..., None], block, length)
   # Clipped positions repeat the last element after its real position: never first.
   within_N = jnp.argmax(jnp.take_along_axis(x_NM, positions, axis=-1), axis=-1)
   return jnp.take_along_axis(positions, within_N[..., None], axis=-1)[..., 0]
+
+
+def _argmax_along_0(x_MN: Array, block: int) -> Array:
+  """``argmax`` over axis 0 of ``x_MN``, by the same two stages along that axis.
+
+  For few rows: the decoding step's logits are laid out this way (see
+  ``types.VOCAB_MAJOR_MAX_ROWS``), so the maxima read them as they lie.
+  """
+  length = x_MN.shape[0]
+  full = length // block
+  maxima_JN = x_MN[:full * block].reshape(full, block, -1).max(axis=1)
+  if length % block:
+    maxima_JN = jnp.concatenate([maxima_JN, x_MN[full * block:].max(axis=0, keepdims=True)])
+  best_N = jnp.argmax(maxima_JN, axis=0).astype(jnp.int32)
+  positions_BN = best_N[None, :] * block + jnp.arange(block, dtype=jnp.int32)[:, None]
+  # Clipped positions repeat the last element after its real position: never first.
+  positions_BN = jnp.minimum(positions_BN, length - 1)
+  within_N = jnp.argmax(jnp.take_along_axis(x_MN, positions_BN, axis=0), axis=0)
+  return jnp.take_along_axis(positions_BN, within_N[None, :], axis=0)[0]
 
 
 def top_k(x_NM: Array, k: int) -> tuple[Array, Array]:

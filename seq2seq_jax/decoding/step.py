@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seq2seq_jax.decoding import repetition
-from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree
+from seq2seq_jax.types import NEG_INF, PAD_ID, VOCAB_MAJOR_MAX_ROWS, Array, PyTree
 
 
 class StepFn(Protocol):
@@ -139,13 +139,30 @@ def next_token_logprobs(step_fn: StepFn, tokens_N: Array, cache: PyTree, *, step
                                             rules.repetition_penalty)
   # x - logsumexp(x), and the never-emitted ids masked by a where over a constant [V] mask
   # rather than scattered: XLA's CPU backend then fuses all of it with the search's own
-  # elementwise work; log_softmax and a scatter cost 1.5x as much at a 58k vocabulary.
-  logprobs_NV = logits_NV - jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)
+  # elementwise work; jax.nn.log_softmax and a scatter cost 1.5x as much at a 58k vocabulary.
+  logprobs_NV = log_softmax(logits_NV)
   logprobs_NV = apply_token_rules(
       logprobs_NV, step=step, max_decode_len=max_decode_len, bos_id=bos_id, eos_id=eos_id,
       pad_id=pad_id, rules=rules, history_NT=history_NT, forced_N=forced_N,
       penalize=penalize_logprobs)
   return logprobs_NV, cache
+
+
+def log_softmax(logits_NV: Array) -> Array:
+  """``x - logsumexp(x)`` over the vocabulary of float32 ``[N, V]`` logits.
+
+  Up to ``VOCAB_MAJOR_MAX_ROWS`` rows the reductions run along axis 0 of ``x.T``,
+  the layout the models compute such logits in (see ``types.VOCAB_MAJOR_MAX_ROWS``):
+  the same sums, without a transposed copy of the step's largest array.
+
+  Example:
+    >>> log_softmax(jnp.log(jnp.array([[1.0, 3.0]])))
+    Array([[-1.3862944 , -0.28768206]], dtype=float32)
+  """
+  if logits_NV.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
+    logits_VN = logits_NV.T
+    return (logits_VN - jax.nn.logsumexp(logits_VN, axis=0, keepdims=True)).T
+  return logits_NV - jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)
 
 
 def model_logits(step_fn: StepFn, tokens_N: Array, cache: PyTree) -> tuple[Array, PyTree]:

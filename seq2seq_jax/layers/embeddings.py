@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seq2seq_jax.types import Array
+from seq2seq_jax.types import VOCAB_MAJOR_MAX_ROWS, Array
 
 
 def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
@@ -83,34 +83,48 @@ class TokenEmbedding(nn.Module):
     vectors = jnp.take(self.table, tokens, axis=0).astype(self.dtype)
     return vectors * jnp.sqrt(self.dim).astype(self.dtype) if self.scale else vectors
 
-  def attend(self, x_BTD: Array) -> Array:
-    """Tied output projection: float32 logits ``x @ E^T``."""
-    return output_logits(x_BTD, self.table.astype(self.dtype))
+  def attend(self, x_BTD: Array, bias_V: Array | None = None) -> Array:
+    """Tied output projection: float32 logits ``x @ E^T`` (``+ bias_V`` when given)."""
+    table_VD = self.table.astype(self.dtype)
+    if bias_V is None:
+      return output_logits(x_BTD, table_VD)
+    if math.prod(x_BTD.shape[:-1]) <= TRANSPOSED_LOGITS_MAX_ROWS:  # a decoding step
+      return vocab_logits(x_BTD, table_VD, bias=bias_V)
+    logits = output_logits(x_BTD, table_VD)
+    return logits + bias_V.reshape((1,) * (logits.ndim - 1) + (-1,))
 
 
 # Up to this many rows (a decoding step's batch, times beams) logits are computed as
 # (E x^T)^T: with the large table as the left operand XLA's CPU dot streams it instead
-# of repacking all of it for a few rows. At 58,101 x 512, with the log-softmax that
-# follows, per 1 / 4 / 32 / 64 / 128 rows: 7.8x / 1.65x / 1.28x / 0.94x / 0.67x the
-# speed of x E^T (CPU time, this project's 2-core Zen 4): past ~48 rows the reductions
-# over the transposed result cost more than the dot saves.
-TRANSPOSED_LOGITS_MAX_ROWS = 32
+# of repacking all of it for a few rows. At 58,101 x 512, with a log-softmax over the
+# transposed result, per 1 / 4 / 32 / 64 / 128 rows: 7.8x / 1.65x / 1.28x / 0.94x /
+# 0.67x the speed of x E^T (CPU time, this project's 2-core Zen 4). The decoding step
+# reads such logits vocabulary-major (``types.VOCAB_MAJOR_MAX_ROWS``, the same bound):
+# with the log-softmax and argmax along the vocabulary axis as it lies, a greedy step
+# at batch 32 of an OPUS-MT-sized model spends 1.2 ms after the dot instead of 4.7.
+TRANSPOSED_LOGITS_MAX_ROWS = VOCAB_MAJOR_MAX_ROWS
 
 
-def vocab_logits(x_BTD: Array, weight: Array, *, weight_axes: str = "VD") -> Array:
+def vocab_logits(x_BTD: Array, weight: Array, *, weight_axes: str = "VD",
+                 bias: Array | None = None) -> Array:
   """Float32 logits ``[..., V]`` of ``x_BTD [..., D]`` against a ``[V, D]`` (or ``[D, V]``) matrix.
 
   Plain contraction, the operand order chosen for XLA's CPU dot by the number of
-  rows (``TRANSPOSED_LOGITS_MAX_ROWS``); any order gives the same products.
+  rows (``TRANSPOSED_LOGITS_MAX_ROWS``); any order gives the same products. A
+  ``bias [V]`` is added in the same layout, before the result is handed over
+  (at most ``TRANSPOSED_LOGITS_MAX_ROWS`` rows: the transposed view of a [V, N] array).
   """
   if weight_axes not in ("VD", "DV"):
     raise ValueError(f"weight_axes={weight_axes!r}: must be 'VD' or 'DV'")
   rows = math.prod(x_BTD.shape[:-1])
   if rows > TRANSPOSED_LOGITS_MAX_ROWS:
-    return jnp.einsum(f"...D,{weight_axes}->...V", x_BTD, weight,
-                      preferred_element_type=jnp.float32)
+    logits = jnp.einsum(f"...D,{weight_axes}->...V", x_BTD, weight,
+                        preferred_element_type=jnp.float32)
+    return logits if bias is None else logits + bias.reshape((1,) * (logits.ndim - 1) + (-1,))
   x_ND = x_BTD.reshape(rows, x_BTD.shape[-1])
   logits_VN = jnp.einsum(f"{weight_axes},ND->VN", weight, x_ND, preferred_element_type=jnp.float32)
+  if bias is not None:
+    logits_VN = logits_VN + bias[:, None]
   # Without the barrier XLA folds the transpose back into the dot, operands swapped.
   logits_VN = jax.lax.optimization_barrier(logits_VN)
   return logits_VN.T.reshape(*x_BTD.shape[:-1], logits_VN.shape[0])
@@ -164,8 +178,7 @@ class VocabProjection(nn.Module):
                            (x_BTD.shape[-1], self.features), jnp.float32)
     bias_V = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
     x_BTD, kernel_DV = nn.dtypes.promote_dtype(x_BTD, kernel_DV, dtype=self.dtype)
-    logits = vocab_logits(x_BTD, kernel_DV, weight_axes="DV")
-    return logits + bias_V.reshape((1,) * (logits.ndim - 1) + bias_V.shape)
+    return vocab_logits(x_BTD, kernel_DV, weight_axes="DV", bias=bias_V)
 
 
 class PositionEmbedding(nn.Module):

@@ -216,8 +216,8 @@ class Transformer(nn.Module):
     if self.config.norm == "pre":
       y_BTD = self.decoder_norm(y_BTD)
     if self.config.tie_output:
-      logits_BTV = self.target_embedding.attend(y_BTD)
-      return logits_BTV + self.output_bias[None, None, :] if self.config.output_bias else logits_BTV
+      return self.target_embedding.attend(y_BTD,
+                                          self.output_bias if self.config.output_bias else None)
     return self.output_projection(y_BTD)
 
   def decode(self, memory: PyTree, targets_BT: Array, *, deterministic: bool = True,

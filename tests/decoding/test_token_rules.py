@@ -1,12 +1,13 @@
 """Token rules of published checkpoints (forced first token, EOS at the limit, suppressed
 ids) and special ids other than 0/1/2, against exhaustive search on a toy vocabulary."""
 
+import jax
 import numpy as np
 import pytest
 
 from seq2seq_jax.decoding import beam_search, greedy_search
-from seq2seq_jax.decoding.step import TokenRules, check_decode_args
-from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID
+from seq2seq_jax.decoding.step import TokenRules, check_decode_args, log_softmax
+from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID, VOCAB_MAJOR_MAX_ROWS
 from tests.decoding.decoding_toys import PrefixToy, run_jit
 
 T = 4
@@ -96,3 +97,14 @@ def test_start_equal_to_eos_can_still_end_and_pads_with_the_models_pad():
   for row in tokens:
     end = list(row).index(EOS_ID)
     assert (row[end + 1:] == 1).all() and not (row[:end] == 1).any()
+
+
+@pytest.mark.parametrize("rows", [1, VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MAX_ROWS + 1])
+def test_log_softmax_against_float64(rows):
+  # Up to VOCAB_MAJOR_MAX_ROWS rows the sums run along axis 0 of the transpose.
+  logits = np.random.default_rng(rows).normal(scale=4.0, size=(rows, 5003)).astype(np.float32)
+  logits[0, :7] = 80.0  # large values: the maximum is subtracted first
+  want = logits.astype(np.float64)
+  want = want - want.max(-1, keepdims=True)
+  want = want - np.log(np.exp(want).sum(-1, keepdims=True))
+  np.testing.assert_allclose(jax.jit(log_softmax)(logits), want, rtol=1e-5, atol=2e-5)

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq_jax.layers.embeddings import (TRANSPOSED_LOGITS_MAX_ROWS, VocabProjection,
-                                             output_logits, vocab_logits)
+from seq2seq_jax.layers.embeddings import (TRANSPOSED_LOGITS_MAX_ROWS, TokenEmbedding,
+                                             VocabProjection, output_logits, vocab_logits)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
@@ -35,17 +35,46 @@ def test_output_logits_gradients_match_autodiff(dtype, tolerance):
 
 @pytest.mark.parametrize("rows", [1, 4, TRANSPOSED_LOGITS_MAX_ROWS, TRANSPOSED_LOGITS_MAX_ROWS + 1])
 @pytest.mark.parametrize("weight_axes", ["VD", "DV"])
-def test_vocab_logits_against_float64(rows, weight_axes):
-  # Both operand orders (few rows: the table on the left) give the same logits.
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_vocab_logits_against_float64(rows, weight_axes, with_bias):
+  # Both operand orders (few rows: the table on the left, the bias added in that layout)
+  # give the same logits.
   rng = np.random.default_rng(rows)
   x_ND = rng.normal(size=(rows, 16)).astype(np.float32)
   table_VD = rng.normal(size=(37, 16)).astype(np.float32)
+  bias_V = rng.normal(size=(37,)).astype(np.float32) if with_bias else None
   weight = table_VD if weight_axes == "VD" else table_VD.T.copy()
   got = jax.jit(vocab_logits, static_argnames="weight_axes")(
-      jnp.asarray(x_ND[:, None]), jnp.asarray(weight), weight_axes=weight_axes)
+      jnp.asarray(x_ND[:, None]), jnp.asarray(weight), weight_axes=weight_axes, bias=bias_V)
   assert got.shape == (rows, 1, 37) and got.dtype == jnp.float32
   want = x_ND.astype(np.float64) @ table_VD.astype(np.float64).T
+  if with_bias:
+    want = want + bias_V
   np.testing.assert_allclose(np.asarray(got)[:, 0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [3, TRANSPOSED_LOGITS_MAX_ROWS + 1])
+def test_tied_attend_with_a_bias_matches_its_gradient(rows):
+  # The decoding step's biased, vocabulary-major form and the training form: same
+  # logits, and gradients equal to autodiff of the plain expression.
+  rng = np.random.default_rng(rows)
+  embed = TokenEmbedding(vocab_size=37, dim=16)
+  x = jnp.asarray(rng.normal(size=(rows, 1, 16)), jnp.float32)
+  params = embed.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+  bias_V = jnp.asarray(rng.normal(size=(37,)), jnp.float32)
+
+  def ours(x, table, bias):
+    return embed.apply({"params": {"embedding": table}}, x, bias, method=TokenEmbedding.attend)
+
+  def plain(x, table, bias):
+    return jnp.einsum("BTD,VD->BTV", x, table) + bias[None, None, :]
+
+  np.testing.assert_allclose(jax.jit(ours)(x, params["embedding"], bias_V),
+                             plain(x, params["embedding"], bias_V), rtol=1e-5, atol=1e-5)
+  loss = lambda project: lambda *a: jnp.sum(jnp.sin(project(*a)))
+  for g, w in zip(jax.grad(loss(ours), argnums=(0, 1, 2))(x, params["embedding"], bias_V),
+                  jax.grad(loss(plain), argnums=(0, 1, 2))(x, params["embedding"], bias_V)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [3, 40])
