@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from seq2seq_jax.types import VOCAB_MAJOR_MAX_ROWS, Array
+from seq2seq_jax.types import Array, reads_vocab_major
 
 # Below this many elements per row the one-stage primitives are as fast.
 _MIN_BLOCKED_LENGTH = 2048
@@ -74,7 +74,7 @@ def argmax(x_NM: Array) -> Array:
   if length < _MIN_BLOCKED_LENGTH:
     return jnp.argmax(x_NM, axis=-1).astype(jnp.int32)
   block = _block_size(length, 1)
-  if x_NM.ndim == 2 and x_NM.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
+  if x_NM.ndim == 2 and reads_vocab_major(x_NM.shape[0]):
     return _argmax_along_0(x_NM.T, block)
   best_N = jnp.argmax(_block_maxima(x_NM, block), axis=-1).astype(jnp.int32)
   positions, _ = _block_positions(best_N[..., None], block, length)
@@ -86,8 +86,8 @@ def argmax(x_NM: Array) -> Array:
 def _argmax_along_0(x_MN: Array, block: int) -> Array:
   """``argmax`` over axis 0 of ``x_MN``, by the same two stages along that axis.
 
-  For few rows: the decoding step's logits are laid out this way (see
-  ``types.VOCAB_MAJOR_MAX_ROWS``), so the maxima read them as they lie.
+  For ``types.reads_vocab_major`` row counts: the decoding step's logits are laid
+  out this way, so the maxima read them as they lie.
   """
   length = x_MN.shape[0]
   full = length // block

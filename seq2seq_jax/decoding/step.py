@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seq2seq_jax.decoding import repetition
-from seq2seq_jax.types import NEG_INF, PAD_ID, VOCAB_MAJOR_MAX_ROWS, Array, PyTree
+from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree, reads_vocab_major
 
 
 class StepFn(Protocol):
@@ -151,7 +151,7 @@ def next_token_logprobs(step_fn: StepFn, tokens_N: Array, cache: PyTree, *, step
 def log_softmax(logits_NV: Array) -> Array:
   """``x - logsumexp(x)`` over the vocabulary of float32 ``[N, V]`` logits.
 
-  Up to ``VOCAB_MAJOR_MAX_ROWS`` rows the reductions run along axis 0 of ``x.T``,
+  For ``types.reads_vocab_major(N)`` rows the reductions run along axis 0 of ``x.T``,
   the layout the models compute such logits in (see ``types.VOCAB_MAJOR_MAX_ROWS``):
   the same sums, without a transposed copy of the step's largest array.
 
@@ -159,7 +159,7 @@ def log_softmax(logits_NV: Array) -> Array:
     >>> log_softmax(jnp.log(jnp.array([[1.0, 3.0]])))
     Array([[-1.3862944 , -0.28768206]], dtype=float32)
   """
-  if logits_NV.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
+  if reads_vocab_major(logits_NV.shape[0]):
     logits_VN = logits_NV.T
     return (logits_VN - jax.nn.logsumexp(logits_VN, axis=0, keepdims=True)).T
   return logits_NV - jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)

@@ -98,10 +98,10 @@ class TokenEmbedding(nn.Module):
 # (E x^T)^T: with the large table as the left operand XLA's CPU dot streams it instead
 # of repacking all of it for a few rows. At 58,101 x 512, with a log-softmax over the
 # transposed result, per 1 / 4 / 32 / 64 / 128 rows: 7.8x / 1.65x / 1.28x / 0.94x /
-# 0.67x the speed of x E^T (CPU time, this project's 2-core Zen 4). The decoding step
-# reads such logits vocabulary-major (``types.VOCAB_MAJOR_MAX_ROWS``, the same bound):
-# with the log-softmax and argmax along the vocabulary axis as it lies, a greedy step
-# at batch 32 of an OPUS-MT-sized model spends 1.2 ms after the dot instead of 4.7.
+# 0.67x the speed of x E^T (CPU time, this project's 2-core Zen 4). From 8 rows on the
+# decoding step reads such logits vocabulary-major (``types.reads_vocab_major``): with
+# the log-softmax and argmax along the vocabulary axis as it lies, a greedy step at
+# batch 32 of an OPUS-MT-sized model spends 1.2 ms after the dot instead of 4.7.
 TRANSPOSED_LOGITS_MAX_ROWS = VOCAB_MAJOR_MAX_ROWS
 
 

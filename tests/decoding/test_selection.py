@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from seq2seq_jax.decoding import selection
-from seq2seq_jax.types import VOCAB_MAJOR_MAX_ROWS
+from seq2seq_jax.types import VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MIN_ROWS
 
 # Row lengths: below the blocked threshold, with a divisor near sqrt (58101 = 181 x 321,
 # the OPUS-MT vocabulary), a power of two, and a prime (no divisor: sliced blocks).
@@ -27,8 +27,9 @@ def _rows(rng, length, *, ties: bool) -> np.ndarray:
 
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("ties", [False, True])
-# Up to VOCAB_MAJOR_MAX_ROWS rows the maxima run along the vocabulary axis of x.T.
-@pytest.mark.parametrize("rows", [5, VOCAB_MAJOR_MAX_ROWS + 1])
+# From VOCAB_MAJOR_MIN_ROWS to VOCAB_MAJOR_MAX_ROWS rows the maxima run along the
+# vocabulary axis of x.T; other row counts along each row.
+@pytest.mark.parametrize("rows", [5, VOCAB_MAJOR_MIN_ROWS, VOCAB_MAJOR_MAX_ROWS + 1])
 def test_argmax_equals_jnp_argmax(length, ties, rows):
   rng = np.random.default_rng(length)
   x = _rows(rng, length, ties=ties)

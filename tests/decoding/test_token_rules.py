@@ -7,7 +7,7 @@ import pytest
 
 from seq2seq_jax.decoding import beam_search, greedy_search
 from seq2seq_jax.decoding.step import TokenRules, check_decode_args, log_softmax
-from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID, VOCAB_MAJOR_MAX_ROWS
+from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID, VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MIN_ROWS
 from tests.decoding.decoding_toys import PrefixToy, run_jit
 
 T = 4
@@ -99,9 +99,11 @@ def test_start_equal_to_eos_can_still_end_and_pads_with_the_models_pad():
     assert (row[end + 1:] == 1).all() and not (row[:end] == 1).any()
 
 
-@pytest.mark.parametrize("rows", [1, VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, VOCAB_MAJOR_MIN_ROWS, VOCAB_MAJOR_MAX_ROWS,
+                                  VOCAB_MAJOR_MAX_ROWS + 1])
 def test_log_softmax_against_float64(rows):
-  # Up to VOCAB_MAJOR_MAX_ROWS rows the sums run along axis 0 of the transpose.
+  # From VOCAB_MAJOR_MIN_ROWS to VOCAB_MAJOR_MAX_ROWS rows the sums run along axis 0 of
+  # the transpose.
   logits = np.random.default_rng(rows).normal(scale=4.0, size=(rows, 5003)).astype(np.float32)
   logits[0, :7] = 80.0  # large values: the maximum is subtracted first
   want = logits.astype(np.float64)
