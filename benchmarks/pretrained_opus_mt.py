@@ -12,7 +12,7 @@ compared token by token first, then generated tokens/s are timed for greedy and
 beam 4 at batch 32 and batch 1, systems alternated round by round, each with all
 the machine's threads.
 
-  python benchmarks/pretrained_opus_mt.py [--out FILE.json] [--plot FILE.png]
+  python benchmarks/pretrained_opus_mt.py [--out FILE.json] [--plot FILE.png] [--rounds N]
   SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_opus_mt.py   # tiny sizes, for CI
 """
 
@@ -44,8 +44,14 @@ def main() -> None:
   parser.add_argument("--out", type=pathlib.Path,
                       default=HERE / "results" / "pretrained_opus_mt.json")
   parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  parser.add_argument("--rounds", type=int, default=None,
+                      help="alternated rounds per task (default 3; 2 in quick mode)")
   args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
+  if args.rounds is not None:
+    if args.rounds < 1:
+      parser.error(f"--rounds must be at least 1; got {args.rounds}")
+    s["rounds"] = args.rounds
   peers = benchmarking.import_peers(args.out, "pretrained_opus_mt")
   if peers is None:
     return
