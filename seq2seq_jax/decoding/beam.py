@@ -483,8 +483,8 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
       forced_B = prefix.forced_prefix_tokens(target_prefix_BP, step, pad_id=pad_id,
                                              offset=offset)
       forced_N = jnp.repeat(forced_B, width)
-    rule_args: dict[str, Any] = dict(step=step, max_decode_len=max_decode_len, bos_id=bos_id, eos_id=eos_id,
-                     pad_id=pad_id, rules=rules)
+    rule_args: dict[str, Any] = dict(step=step, max_decode_len=max_decode_len, bos_id=bos_id,
+                                     eos_id=eos_id, pad_id=pad_id, rules=rules)
     if groups > 1:
       logits_NV, cache = model_logits(step_fn, tokens_N, state.cache)
       logprobs_NV = log_softmax(logits_NV)
@@ -535,11 +535,7 @@ def beam_search(step_fn: StepFn, cache: PyTree, *, batch_size: int, beam_size: i
   seqs_BWT = seqs_BWT.at[:, :, 0].set(bos_id)
   # All beams start identical; only beam 0 (of each group) is alive so the first step
   # does not return W copies of the same candidates.
-  live_logprobs_BW = jnp.full((batch, width), NEG_INF, jnp.float32)
-  if groups == 1:
-    live_logprobs_BW = live_logprobs_BW.at[:, 0].set(0.0)
-  else:
-    live_logprobs_BW = live_logprobs_BW.at[:, ::group_width].set(0.0)
+  live_logprobs_BW = jnp.full((batch, width), NEG_INF, jnp.float32).at[:, ::group_width].set(0.0)
   state = BeamState(
       step=jnp.zeros((), jnp.int32),
       live_seqs_BWT=seqs_BWT,

@@ -215,6 +215,6 @@ def apply_token_rules(logprobs_NV: Array, *, step: Array, max_decode_len: int, b
     forced_NV = jnp.where(ids_1V == forced_N[:, None], 0.0, NEG_INF)
     logprobs_NV = jnp.where(forced_N[:, None] >= 0, forced_NV, logprobs_NV)
   if rules.renormalize_logits:
-    logprobs_NV = logprobs_NV - jax.nn.logsumexp(logprobs_NV, axis=-1, keepdims=True)
+    logprobs_NV = log_softmax(logprobs_NV)
   return logprobs_NV
 
