@@ -1,5 +1,5 @@
 """The ``seq2seq-jax`` command line: ``prepare``, ``train``, ``evaluate``, ``translate``,
-``export``, ``save-pretrained``.
+``export``, ``save-pretrained``, ``compile``.
 
 Flags become configs here and nowhere else. Each subcommand is a function
 ``run_NAME(args) -> exit status`` registered by ``_add_NAME(subparsers)``.
@@ -27,11 +27,15 @@ Example::
   seq2seq-jax train --init-from opus-mt-de-en --workdir runs/ft \
       --set data.manual_dir=../shared/data/multi30k/raw --set train.num_steps=1000
   seq2seq-jax save-pretrained --workdir runs/ft --out opus-mt-de-en-multi30k
+  seq2seq-jax compile --target v5e:2x4 --preset wmt14_transformer_base \
+      --set train.parameter_sharding=fsdp --max-batch --json wmt_base.json
+  seq2seq-jax compile --target v5e-1 --pretrained opus-mt-de-en --program generate,score
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import pathlib
@@ -529,6 +533,102 @@ def run_save_pretrained(args: argparse.Namespace) -> int:
   return 0
 
 
+def _add_compile(subparsers) -> None:
+  from seq2seq_jax.presets import PRESETS
+  parser = subparsers.add_parser(
+      "compile", help="compile programs for a TPU slice without one: memory, FLOPs, fit",
+      description="Runs the real TPU compiler (libtpu, which needs no TPU: pip install "
+                  "'jax[tpu]') on the library's programs for an abstract TPU slice, from "
+                  "shapes alone, and prints per chip the bytes of arguments, temporaries and "
+                  "outputs, whether they fit the chip's HBM, the compiler's FLOPs and bytes "
+                  "accessed, and an estimated step time and MFU (a roofline against the chip's "
+                  "published peak and bandwidth). Compiler-derived estimates, not "
+                  "measurements. Exit status 1 when a program does not fit.")
+  parser.add_argument("--target", required=True, metavar="TPU",
+                      help="CHIP:TOPOLOGY (v5e:2x4, v4:2x2x1, v5p:2x2x1, v6e:2x2) or a Cloud "
+                           "TPU type (v5e-8, v4-8, v5e-1, v6e-1)")
+  model = parser.add_mutually_exclusive_group()
+  model.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                     help="a named config (default: multi30k_transformer)")
+  model.add_argument("--pretrained", metavar="DIR",
+                     help="a published checkpoint's directory; only its config.json (and "
+                          "generation_config.json) is read")
+  model.add_argument("--config", metavar="FILE",
+                     help="an experiment config JSON, e.g. a training run's config.json")
+  parser.add_argument("--program", default="train", metavar="NAMES",
+                      help="train, eval, generate or score; several separated by commas "
+                           "(default: %(default)s)")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="SECTION.FIELD=VALUE",
+                      help="change one config field (repeatable), e.g. "
+                           "train.parameter_sharding=fsdp, train.model_parallelism=2, "
+                           "train.compute_dtype=bfloat16, decode.method=beam")
+  parser.add_argument("--batch", type=int, default=None, metavar="ROWS",
+                      help="global batch rows (default: the run's own batch)")
+  parser.add_argument("--length", type=int, default=None, metavar="TOKENS",
+                      help="padded sequence length (default: the longest training bucket; "
+                           "generate and score: the source limit)")
+  parser.add_argument("--max-batch", action="store_true",
+                      help="also find the largest batch that fits, by bisection over compiles")
+  parser.add_argument("--json", default=None, metavar="FILE",
+                      help="write the reports as JSON: one object, or a list for several")
+  parser.set_defaults(run=run_compile)
+
+
+def _compile_config(args: argparse.Namespace):
+  """The experiment ``compile`` reports on, and a model when it is not the config's."""
+  from seq2seq_jax import configs, presets
+  if args.pretrained:
+    from seq2seq_jax import pretrained
+    model_config, search = pretrained.load_config(args.pretrained)
+    limit = min(model_config.max_len, 256)
+    buckets = tuple(b for b in (16, 32, 64, 128) if b < limit) + (limit,)
+    base = configs.ExperimentConfig(
+        model=model_config,
+        data=configs.DataConfig(max_source_len=limit, max_target_len=limit,
+                                bucket_lengths=buckets, batch_tokens=max(8192, 8 * limit)),
+        decode=dataclasses.replace(search, max_decode_len=0))
+  elif args.config:
+    path = pathlib.Path(args.config)
+    try:
+      base = configs.ExperimentConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, ValueError, TypeError) as error:
+      raise ValueError(f"{path}: {error}") from None
+  else:
+    base = presets.get_preset(args.preset or "multi30k_transformer")
+  return presets.apply_overrides(base, args.overrides)
+
+
+def run_compile(args: argparse.Namespace) -> int:
+  from seq2seq_jax import aot
+
+  target = aot.parse_target(args.target)  # an unknown target fails before any work
+  config = _compile_config(args)
+  names = [name.strip() for name in args.program.split(",") if name.strip()]
+  unknown = [name for name in names if name not in aot.PROGRAMS]
+  if unknown or not names:
+    raise ValueError(f"--program {args.program!r}: known programs are "
+                     f"{', '.join(aot.PROGRAMS)}")
+  reports = []
+  for name in names:
+    report = aot.compile_report(config, target, name, rows=args.batch, length=args.length)
+    reports.append(report)
+    if args.max_batch:
+      reports.append(aot.find_max_batch(config, target, name, length=args.length,
+                                        start_rows=args.batch))
+  print(aot.format_table(reports))
+  for report in reports:
+    if report.max_batch_probes:
+      print(f"largest {report.program} batch that fits on {report.target}: {report.rows} rows "
+            f"({len(report.max_batch_probes)} compiles)")
+  if args.json:
+    records = [r.to_dict() for r in reports]
+    pathlib.Path(args.json).write_text(
+        json.dumps(records[0] if len(records) == 1 else records, indent=2) + "\n",
+        encoding="utf-8")
+  return 0 if all(r.fits for r in reports if not r.max_batch_probes) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="seq2seq-jax", description="Sequence-to-sequence models for machine translation.")
@@ -540,6 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_translate(subparsers)
   _add_export(subparsers)
   _add_save_pretrained(subparsers)
+  _add_compile(subparsers)
   return parser
 
 
@@ -556,6 +657,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   if argv is None:
     from seq2seq_jax import allocator
     allocator.reexec_with_tuned_malloc()
+  from seq2seq_jax.aot.targets import quiet_libtpu
+  quiet_libtpu()  # before jax starts: no TPU warnings where libtpu is installed without a TPU
   parser = build_parser()
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from seq2seq_jax.configs import DecodeConfig
 from seq2seq_jax import text_controls
 from seq2seq_jax.decoding import check_controls, length_penalty, search_fn
+from seq2seq_jax.layers.partitioning import activation_sharding
 from seq2seq_jax.inference.batching import (PlannedBatch, TruncationHandler, bucket_length,
                                             pad_batch, plan_batches, truncate_rows)
 from seq2seq_jax.models.base import special_ids
@@ -38,12 +39,57 @@ from seq2seq_jax.training.sharding import DATA_AXIS, make_mesh
 from seq2seq_jax.types import Array, PyTree
 
 
+CONTROLS = ("target_prefix", "constraints")  # per-row arrays a search may take, in this order
+
+
 def _target_logprobs(model: nn.Module, params: PyTree, inputs_BS: Array,
-                     targets_BT: Array) -> Array:
+                     targets_BT: Array, mesh: Mesh | None = None) -> Array:
   """log p(target token | source, previous targets) ``[B, T]``, float32 (teacher forcing)."""
-  logits_BTV = model.apply({"params": params}, inputs_BS, targets_BT)
+  with activation_sharding(mesh):
+    logits_BTV = model.apply({"params": params}, inputs_BS, targets_BT)
   logprobs_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
   return jnp.take_along_axis(logprobs_BTV, targets_BT[..., None], axis=-1)[..., 0]
+
+
+def _jit_on_mesh(fn: Callable, mesh: Mesh, *, row_args: int, keyed: bool) -> Callable:
+  """``fn`` jitted with parameters replicated, then ``row_args`` arguments split by rows
+  over the data axis, then (``keyed``) a replicated random key; outputs replicated, so
+  every host of a multi-host run holds them whole."""
+  replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P(DATA_AXIS))
+  return jax.jit(fn, in_shardings=(replicated,) + (rows,) * row_args + (replicated,) * keyed,
+                 out_shardings=replicated)
+
+
+def search_program(model: nn.Module, config: DecodeConfig, mesh: Mesh, *, n_best: bool = False,
+                   controls: tuple[str, ...] = ()) -> Callable:
+  """The search a ``Translator`` runs, jitted over ``mesh``: ``(params, inputs_BS, *controls,
+  rng) -> (tokens, scores)``.
+
+  Parameters replicated, rows split over the ``data`` axis (activations too), the
+  outputs replicated. ``controls`` names the per-row arrays that follow the
+  sources, in ``CONTROLS`` order: ``"target_prefix"`` ``[B, P]``, ``"constraints"``
+  ``[B, C, L]``. ``config.max_decode_len`` fixes the output limit. Also what
+  ``seq2seq_jax.aot`` compiles for a TPU target.
+  """
+  unknown = set(controls) - set(CONTROLS)
+  if unknown:
+    raise ValueError(f"unknown controls {sorted(unknown)}; known: {', '.join(CONTROLS)}")
+  search = search_fn(model, config, max_decode_len=config.max_decode_len, n_best=n_best)
+
+  def run(params, inputs_BS, *rest):
+    *arrays, rng = rest
+    given = dict(zip(controls, arrays))
+    with activation_sharding(mesh):
+      return search(params, inputs_BS, rng, given.get("target_prefix"),
+                    given.get("constraints"))
+  return _jit_on_mesh(run, mesh, row_args=1 + len(controls), keyed=True)
+
+
+def score_program(model: nn.Module, mesh: Mesh) -> Callable:
+  """Forced decoding jitted over ``mesh``: ``(params, inputs_BS, targets_BT) -> logprobs_BT``,
+  each target token's log-probability (the ``Translator.score`` program)."""
+  return _jit_on_mesh(functools.partial(_target_logprobs, model, mesh=mesh), mesh, row_args=2,
+                      keyed=False)
 
 
 def put_global(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
@@ -331,15 +377,10 @@ class Translator:
                         full_tails=full_tails)
 
   # ---- decoding ------------------------------------------------------------------------------
-  def _program(self, key: Any, build: Callable[[], Callable], *, row_args: int,
-               keyed: bool) -> Callable:
-    """A jitted program, built once: parameters replicated, then ``row_args`` arguments
-    split by rows over the data axis, then (``keyed``) a replicated random key; the
-    outputs replicated, so every host of a multi-host run holds them whole."""
+  def _program(self, key: Any, build: Callable[[], Callable]) -> Callable:
+    """A jitted program (``search_program``, ``score_program``), built once."""
     if key not in self._programs:
-      in_shardings = (self._replicated,) + (self._rows,) * row_args + (self._replicated,) * keyed
-      self._programs[key] = jax.jit(build(), in_shardings=in_shardings,
-                                    out_shardings=self._replicated)
+      self._programs[key] = build()
     return self._programs[key]
 
   def place_batch(self, encoded: Sequence[Sequence[int]], batch: PlannedBatch) -> jax.Array:
@@ -352,24 +393,10 @@ class Translator:
              controls: tuple[str, ...] = ()) -> Callable:
     """The jitted search over the mesh: ``(params, inputs_BS, *controls, rng) -> (tokens,
     scores)``, ``controls`` naming the per-row arrays that follow the sources, in this
-    order: ``"target_prefix"`` ``[B, P]``, ``"constraints"`` ``[B, C, L]``."""
-    unknown = set(controls) - {"target_prefix", "constraints"}
-    if unknown:
-      raise ValueError(f"unknown controls {sorted(unknown)}")
-
-    def build() -> Callable:
-      search = search_fn(self.model, config, max_decode_len=config.max_decode_len,
-                         n_best=n_best)
-
-      def run(params, inputs_BS, *rest):
-        *arrays, rng = rest
-        given = dict(zip(controls, arrays))
-        return search(params, inputs_BS, rng, given.get("target_prefix"),
-                      given.get("constraints"))
-      return run
-
-    return self._program(("search", config, n_best, controls), build,
-                         row_args=1 + len(controls), keyed=True)
+    order: ``"target_prefix"`` ``[B, P]``, ``"constraints"`` ``[B, C, L]`` (``search_program``)."""
+    return self._program(("search", config, n_best, controls),
+                         lambda: search_program(self.model, config, self.mesh, n_best=n_best,
+                                                controls=controls))
 
   def decode_batches(self, encoded: Sequence[Sequence[int]], plan: Sequence[PlannedBatch],
                      config: DecodeConfig, *, n_best: bool = False,
@@ -491,8 +518,7 @@ class Translator:
     """Forced decoding of the batches of ``plan`` (``score_plan``), one batch ahead on the
     devices: each pair's summed target log p, its first ``prefix`` tokens fed but not
     scored (float64 sums of float32 log-probabilities)."""
-    program = self._program(("score",), lambda: functools.partial(_target_logprobs, self.model),
-                            row_args=2, keyed=False)
+    program = self._program(("score",), lambda: score_program(self.model, self.mesh))
     target_buckets = self._target_buckets()
 
     def dispatch(batch: PlannedBatch):

@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from seq2seq_jax.layers.dropout import Dropout
+from seq2seq_jax.layers.partitioning import BATCH, LENGTH, MLP, constrain
 from seq2seq_jax.types import Array
 
 ACTIVATIONS = {
@@ -36,6 +37,8 @@ class FeedForward(nn.Module):
       raise ValueError(f"FeedForward.activation={self.activation!r}: must be one of "
                        f"{', '.join(ACTIVATIONS)}")
     h_BTF = ACTIVATIONS[self.activation](h_BTF)
+    if h_BTF.ndim == 3:  # rows on the mesh's data axis, F on its model axis
+      h_BTF = constrain(h_BTF, BATCH, LENGTH, MLP)
     h_BTF = Dropout(self.dropout_rate)(h_BTF, deterministic=deterministic)
     return nn.Dense(self.out_dim, dtype=self.dtype, kernel_init=self.kernel_init,
                     name="wo")(h_BTF)

@@ -30,6 +30,8 @@ from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_caus
 from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding, VocabProjection
 from seq2seq_jax.layers.feedforward import FeedForward
+from seq2seq_jax.layers.partitioning import (BATCH, EMBED, HEADS, KV, LENGTH, VOCAB,
+                                             constrain)
 from seq2seq_jax.models.base import check_decode_len, shift_right
 from seq2seq_jax.types import Array, PyTree
 
@@ -109,7 +111,8 @@ class DecoderLayer(nn.Module):
     source, no step copies or transposes the encoder's memory.
     """
     k_BSHK, v_BSHK = self.cross_attention.project_kv(encoded_BSD)
-    return jnp.transpose(k_BSHK, (0, 2, 3, 1)), jnp.transpose(v_BSHK, (0, 2, 3, 1))
+    to_BHKS = lambda x: constrain(jnp.transpose(x, (0, 2, 3, 1)), BATCH, HEADS, KV, LENGTH)
+    return to_BHKS(k_BSHK), to_BHKS(v_BSHK)
 
   def _feed_forward(self, y_BTD: Array, deterministic: bool) -> Array:
     h_BTD = self.feed_forward(self.feed_forward_residual.before(y_BTD), deterministic=deterministic)
@@ -140,6 +143,11 @@ class DecoderLayer(nn.Module):
                                             cross_v_BHKS, source_valid_BS)
     y_B1D = self.cross_residual.after(y_B1D, h_B1D, True)
     return self._feed_forward(y_B1D, True), cache
+
+
+def _rows(x_BTD: Array) -> Array:
+  """The residual stream: rows on the mesh's ``data`` axis (inside ``activation_sharding``)."""
+  return constrain(x_BTD, BATCH, LENGTH, EMBED)
 
 
 class Transformer(nn.Module):
@@ -198,10 +206,11 @@ class Transformer(nn.Module):
     self._check_tokens(inputs_BS, "inputs")
     mask_B11S = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
     x_BSD = self.source_positions(self.source_embedding(inputs_BS))
-    x_BSD = self.dropout(x_BSD, deterministic=deterministic)
+    x_BSD = _rows(self.dropout(x_BSD, deterministic=deterministic))
     weights = []
     for layer in self.encoder_layers:
       x_BSD, weights_BHSS = layer(x_BSD, mask_B11S, deterministic=deterministic)
+      x_BSD = _rows(x_BSD)
       weights.append(weights_BHSS)
     if self.config.norm == "pre":
       x_BSD = self.encoder_norm(x_BSD)
@@ -233,15 +242,16 @@ class Transformer(nn.Module):
     causal_B1TT = make_causal_mask(decoder_inputs_BT)
     cross_mask_B11S = memory["source_valid"][:, None, None, :]
     y_BTD = self.target_positions(self.target_embedding(decoder_inputs_BT))
-    y_BTD = self.dropout(y_BTD, deterministic=deterministic)
+    y_BTD = _rows(self.dropout(y_BTD, deterministic=deterministic))
     self_weights, cross_weights = [], []
     for i, layer in enumerate(self.decoder_layers):
       y_BTD, self_BHTT, cross_BHTS = layer(
           y_BTD, causal_B1TT, memory["cross_key"][i], memory["cross_value"][i],
           cross_mask_B11S, deterministic=deterministic)
+      y_BTD = _rows(y_BTD)
       self_weights.append(self_BHTT)
       cross_weights.append(cross_BHTS)
-    logits_BTV = self._logits(y_BTD)
+    logits_BTV = constrain(self._logits(y_BTD), BATCH, LENGTH, VOCAB)
     if return_attention:
       return logits_BTV, {"decoder_self": jnp.stack(self_weights),
                           "cross": jnp.stack(cross_weights)}
@@ -282,7 +292,7 @@ class Transformer(nn.Module):
     index = cache["index"]
     kv = cache["self_attention"]
     y_B1D = self.target_embedding(tokens_B[:, None])
-    y_B1D = self.target_positions(y_B1D, offset=index)
+    y_B1D = _rows(self.target_positions(y_B1D, offset=index))
     for i, layer in enumerate(self.decoder_layers):
       y_B1D, kv = layer.step(y_B1D, kv, index, i, memory["cross_key"][i],
                              memory["cross_value"][i], memory["source_valid"])

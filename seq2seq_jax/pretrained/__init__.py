@@ -173,6 +173,29 @@ def decode_config(generation: dict[str, Any], config: TransformerConfig,
       suppress_ids=tuple(sorted({ids[0] for ids in bad})))
 
 
+def load_config(path: str | os.PathLike, *,
+                dtype: str = "float32") -> tuple[TransformerConfig, DecodeConfig]:
+  """The model config and the search of a checkpoint directory, from its ``config.json``
+  (and ``generation_config.json``) alone: no weights, no tokenizer.
+
+  What ``seq2seq-jax compile --pretrained DIR`` needs to compile a published model's
+  programs from its shapes. Raises ``ValueError`` naming the file and field, as ``load``.
+
+  Example:
+    >>> config, search = load_config("opus-mt-de-en")
+    >>> type(config).__name__, config.positions, search.method
+    ('TransformerConfig', 'sinusoidal_marian', 'beam')
+  """
+  directory = _resolve(path)
+  hf_config = _io.read_json(directory / "config.json", "config.json")
+  family = _family(hf_config, directory / "config.json")
+  config = family.transformer_config(hf_config, directory / "config.json", dtype)
+  generation_path = directory / "generation_config.json"
+  generation = (_io.read_json(generation_path, "generation_config.json")
+                if generation_path.is_file() else {})
+  return config, decode_config(generation, config, directory)
+
+
 def load(path: str | os.PathLike, *, dtype: str = "float32",
          with_tokenizer: bool = True) -> Pretrained:
   """Loads a MarianMT or M2M100 / NLLB checkpoint directory.

@@ -37,6 +37,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from seq2seq_jax.layers.partitioning import activation_sharding
 from seq2seq_jax.models import registry
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.models.base import special_ids
@@ -212,18 +213,31 @@ def train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Modul
     model, optimizer, schedule: static; the schedule only reports the learning rate.
     label_smoothing: see ``cross_entropy_sums``.
     grad_accum_steps: microbatches per update; must divide B.
-    mesh: keeps microbatches split over its ``data`` axis (None: no constraint).
+    mesh: keeps the batch's rows, and every microbatch's, split over its ``data``
+      axis, activations included (``layers.partitioning``); None: no constraint.
 
   Returns:
     ``(new_state, metrics)``: float32 scalars ``loss`` (label-smoothed, per token),
     ``nll`` (per token), ``accuracy``, ``tokens``, ``grad_norm`` (before clipping),
     ``learning_rate`` (of this update).
   """
+  with activation_sharding(mesh):
+    return _train_step(state, batch, rng, model=model, optimizer=optimizer, schedule=schedule,
+                       label_smoothing=label_smoothing, grad_accum_steps=grad_accum_steps,
+                       mesh=mesh)
+
+
+def _train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Module,
+                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+                label_smoothing: float, grad_accum_steps: int,
+                mesh: Mesh | None) -> tuple[TrainState, dict[str, Array]]:
   step_rng = jax.random.fold_in(rng, state.step)
   batch = {"inputs": batch["inputs"], "targets": batch["targets"]}
   pad_id = special_ids(model).pad_id
 
   def loss_fn(params, micro, micro_rng):
+    # FSDP's all-gather, written out (the gradient's reduce-scatter is its transpose).
+    params = sharding_lib.gather_for_compute(params, mesh)
     logits_BTV = model.apply({"params": params}, micro["inputs"], micro["targets"],
                              deterministic=False, rngs={"dropout": micro_rng})
     sums = cross_entropy_sums(logits_BTV, micro["targets"], label_smoothing=label_smoothing,
@@ -257,14 +271,17 @@ def train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Modul
 
 
 def eval_step(params: PyTree, batch: Batch, *, model: nn.Module,
-              label_smoothing: float = 0.0) -> dict[str, Array]:
+              label_smoothing: float = 0.0, mesh: Mesh | None = None) -> dict[str, Array]:
   """Loss sums of one evaluation batch (no dropout): add them over batches, divide at the end.
+
+  ``mesh``: keeps the activations' rows split over its ``data`` axis, as ``train_step``.
 
   Returns:
     float32 scalars ``loss``, ``nll``, ``correct``, ``tokens`` (sums, see ``LossSums``).
   """
-  logits_BTV = model.apply({"params": params}, batch["inputs"], batch["targets"],
-                           deterministic=True)
+  with activation_sharding(mesh):
+    logits_BTV = model.apply({"params": sharding_lib.gather_for_compute(params, mesh)},
+                             batch["inputs"], batch["targets"], deterministic=True)
   sums = cross_entropy_sums(logits_BTV, batch["targets"], label_smoothing=label_smoothing,
                             pad_id=special_ids(model).pad_id)
   return sums._asdict()
@@ -296,6 +313,6 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
 def make_eval_step(model: nn.Module, *, mesh: Mesh, params: Any,
                    label_smoothing: float = 0.0) -> Callable[[PyTree, Batch], dict]:
   """``eval_step`` jitted with fixed shardings (``params`` gives theirs)."""
-  step = functools.partial(eval_step, model=model, label_smoothing=label_smoothing)
+  step = functools.partial(eval_step, model=model, label_smoothing=label_smoothing, mesh=mesh)
   return jax.jit(step, in_shardings=(_shardings_of(params), batch_sharding(mesh)),
                  out_shardings=NamedSharding(mesh, P()))

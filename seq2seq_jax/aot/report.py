@@ -1,0 +1,366 @@
+"""Compile a program for a TPU target and report what the compiler says: memory, FLOPs, fit.
+
+Every number here is derived from the TPU compiler (libtpu) run on this machine,
+not measured on a TPU. Per chip: the bytes of arguments, temporaries, outputs and
+generated code (``compiled.memory_analysis()``), whether they fit the chip's HBM
+(a program that does not fit fails to compile; its report says ``fits: false``
+with the compiler's message), and the FLOPs and bytes accessed of
+``compiled.cost_analysis()``. The estimated step time is the larger of FLOPs over
+the chip's bfloat16 peak and bytes over its HBM bandwidth (``targets.CHIPS``), and
+the implied MFU is FLOPs over that time and the peak: a roofline, an optimistic
+bound rather than a prediction.
+
+XLA's cost analysis counts the body of a loop once. A decoding loop's steps are
+therefore costed by compiling one step without loops (``programs.decode_step``);
+a report whose program still holds loops says so (``loops_counted_once``), and
+its FLOPs and bytes cover one trip of each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from seq2seq_jax.aot import programs as programs_lib
+from seq2seq_jax.aot.targets import Target, parse_target, target_mesh
+from seq2seq_jax.configs import ExperimentConfig
+
+GiB = 2 ** 30
+
+
+@dataclasses.dataclass
+class CompileReport:
+  """What the TPU compiler says about one program on one target (per chip unless named).
+
+  ``to_dict`` gives the JSON object ``seq2seq-jax compile --json`` writes.
+  """
+
+  target: str
+  chip: str
+  chips: int
+  program: str
+  model: str
+  rows: int
+  source_len: int
+  target_len: int
+  tokens_per_step: int
+  settings: dict[str, Any]
+  per_chip_bytes: dict[str, int]
+  hbm_bytes_per_chip: int
+  fits: bool
+  flops_per_chip: float | None
+  bytes_accessed_per_chip: float | None
+  estimated_step_seconds: float | None
+  estimated_mfu: float | None
+  compile_seconds: float
+  loops_counted_once: bool = False
+  message: str = ""
+  decode_step: dict[str, Any] | None = None
+  max_batch_probes: list[dict[str, Any]] | None = None
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2)
+
+
+def describe_model(model: nn.Module) -> str:
+  """``"Transformer 6+6 d512 h8 f2048 V32000 bfloat16"``-like: what a report is about."""
+  config = getattr(model, "config", None)
+  if config is None:
+    return type(model).__name__
+  if hasattr(config, "num_heads"):
+    return (f"{type(model).__name__} {config.num_encoder_layers}+{config.num_decoder_layers} "
+            f"d{config.model_dim} h{config.num_heads} f{config.mlp_dim} "
+            f"V{config.vocab_size} {config.dtype}")
+  if hasattr(config, "hidden_dim") and hasattr(config, "cell"):
+    return (f"{type(model).__name__} {config.cell} {config.num_encoder_layers}+"
+            f"{config.num_decoder_layers} h{config.hidden_dim} {config.attention} "
+            f"V{config.vocab_size} {config.dtype}")
+  return type(model).__name__
+
+
+def _shard_bytes(tree: Any) -> int:
+  """Bytes one device holds of abstract arrays with shardings (the largest shard)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shape) * leaf.dtype.itemsize
+  return total
+
+
+_SIZE = re.compile(r"\(([0-9.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def _is_out_of_memory(error: Exception) -> bool:
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "exceeds" in text and (
+      "HBM" in text or "memory" in text)
+
+
+def _compiler_message(error: Exception) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[0][:500] if lines else type(error).__name__
+
+
+def _loops(compiled: Any) -> bool:
+  try:
+    text = compiled.as_text()
+  except Exception:  # pragma: no cover - as_text is best effort on some backends
+    return False
+  return re.search(r"\bwhile\(", text) is not None
+
+
+def roofline(flops: float, bytes_accessed: float, target: Target) -> tuple[float, float]:
+  """``(seconds, mfu)``: the larger of FLOPs / peak and bytes / bandwidth, and the FLOP
+  share of the peak that time implies."""
+  chip = target.chip
+  seconds = max(flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth)
+  mfu = flops / (seconds * chip.peak_flops) if seconds > 0 else 0.0
+  return seconds, mfu
+
+
+def compile_program(program: programs_lib.Program, target: Target, *,
+                    model_name: str = "") -> CompileReport:
+  """Lowers and compiles ``program`` with the TPU compiler; the report of what it says.
+
+  A program too large for the chip gives ``fits=False`` and the compiler's message
+  (its argument bytes are still reported); any other failure raises.
+  """
+  start = time.perf_counter()
+  arguments = _shard_bytes(program.args)
+  common = dict(target=target.name, chip=target.chip.name, chips=target.chips,
+                program=program.name, model=model_name, rows=program.rows,
+                source_len=program.source_len, target_len=program.target_len,
+                tokens_per_step=program.tokens_per_step, settings=dict(program.settings),
+                hbm_bytes_per_chip=target.chip.hbm_bytes)
+  lowered = program.jitted.lower(*program.args)
+  try:
+    compiled = lowered.compile()
+  except Exception as error:  # the compiler reports an over-full program as an error
+    if not _is_out_of_memory(error):
+      raise
+    seconds = time.perf_counter() - start
+    sizes = [float(v) * _UNITS[u] for v, u in _SIZE.findall(str(error))]
+    needed = int(max(sizes)) if sizes else 0
+    return CompileReport(
+        **common, per_chip_bytes={"arguments": arguments, "temporaries": needed, "outputs": 0,
+                                  "generated_code": 0, "total": arguments + needed},
+        fits=False, flops_per_chip=None, bytes_accessed_per_chip=None,
+        estimated_step_seconds=None, estimated_mfu=None, compile_seconds=seconds,
+        message=_compiler_message(error))
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis() or {}
+  if isinstance(cost, (list, tuple)):  # older jax: one dict per device program
+    cost = cost[0] if cost else {}
+  sizes = {"arguments": int(memory.argument_size_in_bytes),
+           "temporaries": int(memory.temp_size_in_bytes),
+           "outputs": int(memory.output_size_in_bytes),
+           "generated_code": int(memory.generated_code_size_in_bytes)}
+  # Donated arguments alias outputs: those bytes are held once.
+  sizes["total"] = (sizes["arguments"] + sizes["outputs"] - int(memory.alias_size_in_bytes)
+                    + sizes["temporaries"] + sizes["generated_code"])
+  flops = float(cost.get("flops", 0.0))
+  accessed = float(cost.get("bytes accessed", 0.0))
+  step_seconds, mfu = roofline(flops, accessed, target)
+  return CompileReport(
+      **common, per_chip_bytes=sizes, fits=sizes["total"] <= target.chip.hbm_bytes,
+      flops_per_chip=flops, bytes_accessed_per_chip=accessed,
+      estimated_step_seconds=step_seconds, estimated_mfu=mfu, compile_seconds=seconds,
+      loops_counted_once=_loops(compiled))
+
+
+def decode_step_bound(program: programs_lib.Program, target: Target) -> float:
+  """Seconds to read, at the chip's HBM bandwidth, what one decoding step must read:
+  the decoder's parameters and the caches (self-attention keys and values of every
+  position, the cross-attention keys and values), per chip."""
+  params, memory, _, cache = program.args
+  decoder_params = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                    if not any(str(getattr(k, "key", "")).startswith(("encoder", "source_pos"))
+                               for k in path)}
+  read_memory = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(memory)
+                 if "encoded" not in jax.tree_util.keystr(path)}
+  return (_shard_bytes(list(decoder_params.values())) + _shard_bytes(list(read_memory.values()))
+          + _shard_bytes(cache)) / target.chip.hbm_bandwidth
+
+
+def _decode_step_summary(config: ExperimentConfig, target: Target, mesh: Any, rows: int,
+                         length: int, model: nn.Module | None) -> dict[str, Any]:
+  program = programs_lib.decode_step_program(config, mesh, rows=rows, length=length, model=model)
+  report = compile_program(program, target)
+  bound = decode_step_bound(program, target)
+  summary = {"flops_per_chip": report.flops_per_chip,
+             "bytes_accessed_per_chip": report.bytes_accessed_per_chip,
+             "estimated_seconds": report.estimated_step_seconds,
+             "estimated_mfu": report.estimated_mfu,
+             "hbm_bound_seconds": bound,
+             "estimate_over_bound": (report.estimated_step_seconds / bound
+                                     if report.estimated_step_seconds and bound else None),
+             "compile_seconds": report.compile_seconds,
+             "loops_counted_once": report.loops_counted_once}
+  return summary
+
+
+def compile_report(config: ExperimentConfig, target: str | Target, program: str = "train", *,
+                   rows: int | None = None, length: int | None = None,
+                   model: nn.Module | None = None) -> CompileReport:
+  """Compiles ``program`` of ``config`` for ``target`` and reports (see the module docstring).
+
+  Args:
+    config: the experiment (model, data sizes, train and decode settings).
+    target: a name for ``targets.parse_target`` (``"v5e:2x4"``, ``"v5e-1"``) or a ``Target``.
+    program: ``"train"``, ``"eval"``, ``"generate"`` or ``"score"``.
+    rows: global batch rows; default: the run's own (``programs.default_rows``).
+    length: padded source (and target) length; default: the longest training bucket
+      (train, eval), the source limit (generate, score).
+    model: the model, when it is not ``config.model``'s (a pretrained checkpoint).
+
+  ``generate`` also compiles one decoding step without loops; its estimate is in
+  ``estimated_step_seconds`` (per decoding step) and ``decode_step``.
+  """
+  if program not in programs_lib.PROGRAMS:
+    raise ValueError(f"unknown program {program!r}; known: {', '.join(programs_lib.PROGRAMS)}")
+  target = parse_target(target) if isinstance(target, str) else target
+  mesh = target_mesh(target, config.train.model_parallelism if program in ("train", "eval")
+                     else 1)
+  built = programs_lib.build_program(program, config, mesh, rows=rows, length=length,
+                                     model=model)
+  name = describe_model(built_model(config, program, model))
+  report = compile_program(built, target, model_name=name)
+  if program == "generate" and report.fits:
+    step = _decode_step_summary(config, target, mesh, built.rows, built.source_len, model)
+    report.decode_step = step
+    report.flops_per_chip = step["flops_per_chip"]
+    report.bytes_accessed_per_chip = step["bytes_accessed_per_chip"]
+    report.estimated_step_seconds = step["estimated_seconds"]
+    report.estimated_mfu = step["estimated_mfu"]
+    report.loops_counted_once = step["loops_counted_once"]
+  return report
+
+
+def built_model(config: ExperimentConfig, program: str, model: nn.Module | None) -> nn.Module:
+  """The model a program of ``config`` runs (train and eval: in ``train.compute_dtype``)."""
+  return programs_lib._model(config, model, program)  # pylint: disable=protected-access
+
+
+def find_max_batch(config: ExperimentConfig, target: str | Target, program: str = "train", *,
+                   length: int | None = None, model: nn.Module | None = None,
+                   start_rows: int | None = None, max_rows: int = 1 << 20,
+                   on_probe: Callable[[CompileReport], None] | None = None) -> CompileReport:
+  """The report of the largest batch that fits, found by bisection over compiles.
+
+  Rows double from ``start_rows`` (default: the run's batch) until a batch does not
+  fit, then the gap is halved down to one row unit (the mesh's data axis times
+  microbatches). Each probe is one compile; ``on_probe`` sees each report. The
+  returned report lists the probes in ``max_batch_probes``; if even one row unit does
+  not fit, it is that unit's report (``fits=False``).
+  """
+  target = parse_target(target) if isinstance(target, str) else target
+  mesh = target_mesh(target, config.train.model_parallelism if program in ("train", "eval")
+                     else 1)
+  unit = programs_lib.row_unit(config, mesh, program)
+  probes: list[CompileReport] = []
+
+  def probe(rows: int) -> CompileReport:
+    report = compile_report(config, target, program, rows=rows, length=length, model=model)
+    probes.append(report)
+    if on_probe is not None:
+      on_probe(report)
+    return report
+
+  if start_rows is None:
+    built_length = length or (programs_lib.longest_bucket(config) if program in ("train", "eval")
+                              else None)
+    start_rows = (programs_lib.default_rows(config, mesh, program, built_length)
+                  if built_length else programs_lib.default_rows(config, mesh, program, 1))
+  rows = max(unit, start_rows // unit * unit)
+  best: CompileReport | None = None
+  report = probe(rows)
+  if report.fits:
+    best, low, high = report, rows, None
+    while high is None and rows * 2 <= max_rows:
+      rows *= 2
+      report = probe(rows)
+      if report.fits:
+        best, low = report, rows
+      else:
+        high = rows
+    if high is None:
+      high = low
+  else:
+    low, high = 0, rows
+    while high > unit:
+      rows = max(unit, high // 2 // unit * unit)
+      report = probe(rows)
+      if report.fits:
+        best, low = report, rows
+        break
+      high = rows
+    if best is None:
+      report.max_batch_probes = [_probe_summary(p) for p in probes]
+      return report
+  while high - low > unit:
+    rows = (low + high) // 2 // unit * unit
+    if rows <= low:
+      break
+    report = probe(rows)
+    if report.fits:
+      best, low = report, rows
+    else:
+      high = rows
+  assert best is not None
+  best.max_batch_probes = [_probe_summary(p) for p in probes]
+  return best
+
+
+def _probe_summary(report: CompileReport) -> dict[str, Any]:
+  return {"rows": report.rows, "fits": report.fits,
+          "total_bytes": report.per_chip_bytes.get("total"),
+          "compile_seconds": round(report.compile_seconds, 1)}
+
+
+def _gib(value: float | None) -> str:
+  return "-" if value is None else f"{value / GiB:.2f}"
+
+
+def format_table(reports: Sequence[CompileReport]) -> str:
+  """A plain-text table of reports, one line each, with a footnote on what the numbers are."""
+  header = ("program", "target", "batch", "args GiB", "temp GiB", "total GiB", "HBM GiB",
+            "fits", "TFLOP", "GB accessed", "est. ms", "est. MFU", "compile s")
+  rows = []
+  for r in reports:
+    b = r.per_chip_bytes
+    batch = f"{r.rows}x({r.source_len}+{r.target_len})"
+    step = "" if r.program != "generate" else "/step"
+    rows.append((
+        r.program, r.target, batch, _gib(b.get("arguments")), _gib(b.get("temporaries")),
+        _gib(b.get("total")), _gib(r.hbm_bytes_per_chip), "yes" if r.fits else "NO",
+        "-" if r.flops_per_chip is None else f"{r.flops_per_chip / 1e12:.3g}",
+        "-" if r.bytes_accessed_per_chip is None else f"{r.bytes_accessed_per_chip / 1e9:.3g}",
+        "-" if r.estimated_step_seconds is None else f"{r.estimated_step_seconds * 1e3:.3g}{step}",
+        "-" if r.estimated_mfu is None else f"{100 * r.estimated_mfu:.0f}%",
+        f"{r.compile_seconds:.0f}"))
+  widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+  line = lambda cells: "  ".join(str(c).rjust(w) if i >= 3 else str(c).ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths)))
+  out = [line(header)] + [line(r) for r in rows]
+  for r in reports:
+    if not r.fits and r.message:
+      out.append(f"{r.program} on {r.target}: {r.message}")
+    if r.loops_counted_once:
+      out.append(f"{r.program} on {r.target}: the program has loops; XLA counts each loop body "
+                 "once, so its FLOPs, bytes and estimate cover one trip")
+  out.append("Per chip. Compiler-derived estimates (libtpu's memory and cost analysis against "
+             "published chip figures), not measurements.")
+  return "\n".join(out)

@@ -1,0 +1,228 @@
+"""Compile targets: TPU chips and slices the library can compile for without owning one.
+
+With libtpu installed (``pip install "jax[tpu]"``, or this project's ``tpu``
+extra), ``jax.experimental.topologies`` describes the devices of a TPU slice that
+is not there: a ``Mesh`` over them and ``jit(...).lower(...).compile()`` run the
+real TPU compiler on this machine, CPU only. ``parse_target`` reads the names
+users know (``"v5e:2x4"``, ``"v5e-8"``, Colab's ``"v5e-1"``), ``target_devices``
+builds the abstract devices, and ``CHIPS`` holds each chip's published figures,
+which turn the compiler's FLOPs and bytes into estimated times.
+
+Example:
+  >>> target = parse_target("v5e-8")
+  >>> target.topology, target.chips, target.chip.hbm_bytes // 2**30
+  ('v5e:2x4', 8, 16)
+  >>> parse_target("v7x:2x2")
+  Traceback (most recent call last):
+  ...
+  ValueError: unknown chip 'v7x' in target 'v7x:2x2'; known chips: v4, v5e, v5p, v6e ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import re
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator chip's published figures (per chip, dense bfloat16).
+
+  Attributes:
+    name: the short name (``"v5e"``).
+    device_kind: what ``jax.Device.device_kind`` reports for it.
+    hbm_bytes: high-bandwidth memory per chip.
+    peak_flops: dense bfloat16 FLOP/s per chip.
+    hbm_bandwidth: HBM bytes/s per chip.
+    source: where the three figures are published.
+    topology_name: libtpu's name of the chip in a topology (``"v5e"``, ``"v5"`` for v5p).
+    chip_config: libtpu's chip configuration (``"megacore"``: both TensorCores of a
+      chip as one device).
+    cores_per_chip: TensorCores per chip; Cloud TPU names v4 and v5p slices by cores
+      (``v4-8`` is 4 chips) and v5e and v6e slices by chips.
+    host_bounds: chips of one host along each axis (``chips_per_host_bounds``).
+  """
+
+  name: str
+  device_kind: str
+  hbm_bytes: int
+  peak_flops: float
+  hbm_bandwidth: float
+  source: str
+  topology_name: str
+  chip_config: str = "default"
+  cores_per_chip: int = 1
+  host_bounds: tuple[int, int, int] = (2, 2, 1)
+
+  @property
+  def dims(self) -> int:
+    """2 for the 2D-torus chips (v5e, v6e), 3 for the 3D ones (v4, v5p)."""
+    return 3 if self.cores_per_chip == 2 else 2
+
+
+GiB = 2 ** 30
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("v4", "TPU v4", 32 * GiB, 275e12, 1200e9,
+               "https://cloud.google.com/tpu/docs/v4 (275 TFLOPs bf16, 32 GiB HBM2, 1200 GBps)",
+               topology_name="v4", chip_config="megacore", cores_per_chip=2),
+    "v5e": Chip("v5e", "TPU v5 lite", 16 * GiB, 197e12, 819e9,
+                "https://cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 16 GB HBM2, 819 GBps)",
+                topology_name="v5e"),
+    "v5p": Chip("v5p", "TPU v5", 95 * GiB, 459e12, 2765e9,
+                "https://cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 95 GB HBM2e, 2765 GBps)",
+                topology_name="v5", chip_config="megacore", cores_per_chip=2),
+    "v6e": Chip("v6e", "TPU v6 lite", 32 * GiB, 918e12, 1638e9,
+                "https://cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 32 GB HBM, 1638 GBps)",
+                topology_name="v6e"),
+}
+
+# Cloud TPU accelerator types ("v5e-8") -> the slice's topology (chips along each axis).
+_SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
+              256: "16x16"}
+_SHAPES_3D = {1: "1x1x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4",
+              128: "4x4x8", 256: "4x8x8", 512: "8x8x8"}
+EXAMPLES = ("v5e:2x4", "v5e-8", "v5e-1", "v6e-1", "v6e:2x2", "v4:2x2x1", "v4-8", "v5p:2x2x1",
+            "v5p-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A TPU slice to compile for.
+
+  Attributes:
+    name: as the user wrote it.
+    chip: the chip's figures.
+    topology: canonical ``"CHIP:AxB[xC]"`` (``"v5e:2x4"``).
+    shape: chips along each axis.
+  """
+
+  name: str
+  chip: Chip
+  topology: str
+  shape: tuple[int, ...]
+
+  @property
+  def chips(self) -> int:
+    return math.prod(self.shape)
+
+
+def known_targets() -> str:
+  """A line naming the known chips and example targets, for error messages."""
+  return (f"known chips: {', '.join(CHIPS)}; write a target as CHIP:TOPOLOGY or as a Cloud TPU "
+          f"accelerator type, e.g. {', '.join(EXAMPLES)}")
+
+
+def parse_target(name: str) -> Target:
+  """The ``Target`` a name describes: ``"v5e:2x4"`` or ``"v5e-8"`` (Cloud TPU's type).
+
+  Raises:
+    ValueError: an unknown chip or a malformed topology; the message lists the known ones.
+  """
+  text = name.strip().lower()
+  match = re.fullmatch(r"([a-z0-9]+)(?::([0-9x]+)|-([0-9]+))", text)
+  if not match:
+    raise ValueError(f"target {name!r} is neither CHIP:TOPOLOGY nor CHIP-COUNT; "
+                     + known_targets())
+  chip_name, topology, count = match.groups()
+  if chip_name not in CHIPS:
+    raise ValueError(f"unknown chip {chip_name!r} in target {name!r}; " + known_targets())
+  chip = CHIPS[chip_name]
+  if count is not None:
+    shapes = _SHAPES_3D if chip.dims == 3 else _SHAPES_2D
+    cores = int(count)
+    chips = max(cores // chip.cores_per_chip, 1) if cores > 1 else 1
+    if cores % chip.cores_per_chip and cores != 1 or chips not in shapes:
+      unit = "TensorCores (2 a chip)" if chip.cores_per_chip == 2 else "chips"
+      raise ValueError(f"target {name!r}: {chip_name} slices are named by their {unit}; "
+                       f"known sizes: {', '.join(f'{chip_name}-{n * chip.cores_per_chip}' for n in shapes if n > 1)}"
+                       f"; or write the topology, e.g. {chip_name}:{shapes[4]}")
+    topology = shapes[chips]
+  shape = tuple(int(x) for x in topology.split("x") if x)
+  if len(shape) != chip.dims or min(shape) < 1 or "x" not in topology:
+    raise ValueError(f"target {name!r}: a {chip_name} topology has {chip.dims} axes "
+                     f"(e.g. {chip_name}:{_SHAPES_3D[4] if chip.dims == 3 else _SHAPES_2D[8]}); "
+                     + known_targets())
+  return Target(name=name, chip=chip, topology=f"{chip_name}:{'x'.join(map(str, shape))}",
+                shape=shape)
+
+
+def quiet_libtpu() -> None:
+  """Prepares libtpu for compiling only, on a machine without TPU chips (else does nothing).
+
+  libtpu looks for the TPU it runs on in the environment (or a metadata server)
+  and prints several lines when it finds none, although a compile-only topology
+  needs none; and it lets one process at a time load it (``/tmp/libtpu_lockfile``),
+  which would serialize compiles that share no device. Sets, where unset,
+  ``TPU_ACCELERATOR_TYPE``, ``TPU_WORKER_HOSTNAMES``, ``TPU_SKIP_MDS_QUERY`` and
+  ``ALLOW_MULTIPLE_LIBTPU_LOAD`` before libtpu loads.
+  """
+  from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel
+  if hardware_utils.num_available_tpu_chips_and_device_id()[0]:
+    return
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def libtpu_installed() -> bool:
+  """Whether libtpu (the TPU compiler) can be loaded here."""
+  from jax._src.cloud_tpu_init import get_tpu_library_path  # pylint: disable=import-outside-toplevel
+  return get_tpu_library_path() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _devices(topology: str, chip_config: str, host_bounds: tuple[int, ...]) -> tuple[Any, ...]:
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  quiet_libtpu()
+  description = topologies.get_topology_desc(
+      topology_name=topology, platform="tpu", chip_config_name=chip_config,
+      chips_per_host_bounds=host_bounds, wrap=(False,) * len(host_bounds))
+  return tuple(description.devices)
+
+
+def target_devices(target: Target) -> list[Any]:
+  """The compile-only devices of ``target`` (one per chip), in topology order.
+
+  Raises:
+    ValueError: libtpu is not installed (the message says how to install it).
+  """
+  if not libtpu_installed():
+    raise ValueError(
+        f"compiling for {target.name} needs the TPU compiler, libtpu: pip install "
+        f"'jax[tpu]=={jax.__version__}' (or this project's 'tpu' extra); no TPU is needed")
+  chip = target.chip
+  shape3 = tuple(target.shape) + (1,) * (3 - len(target.shape))
+  bounds = tuple(min(s, b) for s, b in zip(shape3, chip.host_bounds))
+  libtpu_name = f"{chip.topology_name}:{'x'.join(map(str, target.shape))}"
+  return list(_devices(libtpu_name, chip.chip_config, bounds))
+
+
+def target_mesh(target: Target, model_parallelism: int = 1) -> Mesh:
+  """The library's ``("data", "model")`` mesh over ``target``'s chips.
+
+  Laid out by ``mesh_utils`` as on the real slice, so that the ``model`` axis (tensor
+  parallelism, whose all-reduces run every layer) takes neighbouring chips.
+  """
+  from jax.experimental import mesh_utils  # pylint: disable=import-outside-toplevel
+
+  from seq2seq_jax.training.sharding import MESH_AXES  # pylint: disable=import-outside-toplevel
+  devices = target_devices(target)
+  if model_parallelism < 1 or len(devices) % model_parallelism:
+    raise ValueError(f"TrainConfig.model_parallelism={model_parallelism} must divide the "
+                     f"{len(devices)} chips of {target.name}")
+  shape = (len(devices) // model_parallelism, model_parallelism)
+  try:
+    grid = mesh_utils.create_device_mesh(shape, devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    grid = np.asarray(devices).reshape(shape)
+  axis_types = (jax.sharding.AxisType.Auto,) * 2
+  return Mesh(grid, MESH_AXES, axis_types=axis_types)
