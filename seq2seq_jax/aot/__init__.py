@@ -22,6 +22,7 @@ from seq2seq_jax.aot.report import CompileReport as CompileReport
 from seq2seq_jax.aot.report import compile_program as compile_program
 from seq2seq_jax.aot.report import compile_report as compile_report
 from seq2seq_jax.aot.report import find_max_batch as find_max_batch
+from seq2seq_jax.aot.report import fit_summary as fit_summary
 from seq2seq_jax.aot.report import format_table as format_table
 from seq2seq_jax.aot.targets import CHIPS as CHIPS
 from seq2seq_jax.aot.targets import Chip as Chip
@@ -31,5 +32,5 @@ from seq2seq_jax.aot.targets import target_devices as target_devices
 from seq2seq_jax.aot.targets import target_mesh as target_mesh
 
 __all__ = ["PROGRAMS", "Program", "build_program", "CompileReport", "compile_program",
-           "compile_report", "find_max_batch", "format_table", "CHIPS", "Chip", "Target",
+           "compile_report", "find_max_batch", "fit_summary", "format_table", "CHIPS", "Chip", "Target",
            "parse_target", "target_devices", "target_mesh"]

@@ -364,3 +364,38 @@ def format_table(reports: Sequence[CompileReport]) -> str:
   out.append("Per chip. Compiler-derived estimates (libtpu's memory and cost analysis against "
              "published chip figures), not measurements.")
   return "\n".join(out)
+
+
+def fit_summary(config: ExperimentConfig, programs: Sequence[str] = ("train",),
+                targets: Sequence[str] = ("v5e-1", "v6e-1"), *, rows: int | None = None,
+                length: int | None = None, model: nn.Module | None = None) -> str:
+  """One line per program and target: fits or not, GiB of HBM, estimated step time.
+
+  For notebooks: how a run would sit on Colab's single-chip TPUs, from this machine.
+  Without libtpu it says how to install it instead of failing.
+
+  Example:
+    >>> from seq2seq_jax import presets
+    >>> print(fit_summary(presets.get_preset("tiny_transformer"), ["train"], ["v5e-1"]))
+    ... # doctest: +ELLIPSIS
+    train on v5e-1: fits, ... GiB of 16.0 per chip, est. ... ms a step (16 rows x 48+48 tokens)
+    (compiler-derived estimates from libtpu, not measurements)
+  """
+  from seq2seq_jax.aot.targets import libtpu_installed  # pylint: disable=import-outside-toplevel
+  if not libtpu_installed():
+    return ("the TPU compiler is not installed here: pip install 'jax[tpu]' (libtpu, about "
+            "200 MB; no TPU needed) to see whether this run fits a TPU")
+  lines = []
+  for program in programs:
+    for name in targets:
+      r = compile_report(config, name, program, rows=rows, length=length, model=model)
+      shape = f"{r.rows} rows x {r.source_len}+{r.target_len} tokens"
+      if not r.fits:
+        lines.append(f"{program} on {name}: does NOT fit ({shape}): {r.message}")
+        continue
+      per = "a decoding step" if program == "generate" else "a step"
+      lines.append(f"{program} on {name}: fits, {r.per_chip_bytes['total'] / GiB:.2f} GiB of "
+                   f"{r.hbm_bytes_per_chip / GiB:.1f} per chip, est. "
+                   f"{(r.estimated_step_seconds or 0.0) * 1e3:.3g} ms {per} ({shape})")
+  lines.append("(compiler-derived estimates from libtpu, not measurements)")
+  return "\n".join(lines)
