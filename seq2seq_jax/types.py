@@ -35,28 +35,6 @@ UNK_ID: int = 3
 # uniform distribution instead of NaN, and (x + NEG_INF) stays finite in f32/bf16.
 NEG_INF: float = -1e9
 
-# Logits of at most VOCAB_MAJOR_MAX_ROWS rows (a decoding step of batch x beams <= 32)
-# are laid out vocabulary-major: the models compute them as [V, N] and hand over the
-# transposed view (see layers.embeddings.vocab_logits). From VOCAB_MAJOR_MIN_ROWS rows
-# on, the decoding step's reductions over the vocabulary (log-softmax, argmax) are
-# written along that axis, so XLA's CPU backend reads them as they lie and never
-# materializes an [N, V] copy; below it a [V, N] array is (nearly) an [N, V] one, and
-# the row-wise reductions are faster (58,101 ids, log-softmax and argmax, row-wise /
-# vocabulary-major: 0.18 / 1.0 ms for one row, 1.05 / 0.93 ms at 8 rows, 3.7 / 1.4 ms
-# at 32).
-VOCAB_MAJOR_MIN_ROWS: int = 8
-VOCAB_MAJOR_MAX_ROWS: int = 32
-
-
-def reads_vocab_major(rows: int) -> bool:
-  """Whether a step's reductions over ``[rows, V]`` logits run along the vocabulary-major layout.
-
-  Example:
-    >>> reads_vocab_major(1), reads_vocab_major(32), reads_vocab_major(128)
-    (False, True, False)
-  """
-  return VOCAB_MAJOR_MIN_ROWS <= rows <= VOCAB_MAJOR_MAX_ROWS
-
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 DType = Any
@@ -70,9 +48,6 @@ __all__ = [
     "EOS_ID",
     "UNK_ID",
     "NEG_INF",
-    "VOCAB_MAJOR_MIN_ROWS",
-    "VOCAB_MAJOR_MAX_ROWS",
-    "reads_vocab_major",
     "Array",
     "ArrayLike",
     "DType",

@@ -18,6 +18,7 @@ its FLOPs and bytes cover one trip of each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -121,6 +122,20 @@ def _loops(compiled: Any) -> bool:
   return re.search(r"\bwhile\(", text) is not None
 
 
+def _not_in_persistent_cache() -> contextlib.AbstractContextManager:
+  """Keeps compile-only executables out of jax's persistent compilation cache.
+
+  jax 0.10 writes them there when a cache directory is set, then fails to read them
+  back ("PjRtCompiler must be constructed with a Client"), warning on every later
+  compile of the same program. A minimum compile time no compile reaches stores none.
+  """
+  try:
+    from jax._src import config as jax_config  # pylint: disable=import-outside-toplevel
+    return jax_config.persistent_cache_min_compile_time_secs(float("inf"))
+  except (ImportError, AttributeError):  # another jax: its own cache behaviour
+    return contextlib.nullcontext()
+
+
 def roofline(flops: float, bytes_accessed: float, target: Target) -> tuple[float, float]:
   """``(seconds, mfu)``: the larger of FLOPs / peak and bytes / bandwidth, and the FLOP
   share of the peak that time implies."""
@@ -146,7 +161,8 @@ def compile_program(program: programs_lib.Program, target: Target, *,
                 hbm_bytes_per_chip=target.chip.hbm_bytes)
   lowered = program.jitted.lower(*program.args)
   try:
-    compiled = lowered.compile()
+    with _not_in_persistent_cache():
+      compiled = lowered.compile()
   except Exception as error:  # the compiler reports an over-full program as an error
     if not _is_out_of_memory(error):
       raise

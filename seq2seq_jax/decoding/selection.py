@@ -9,6 +9,10 @@ has one of the k largest block maxima. So one vectorized ``max`` per block finds
 candidate blocks, and the exact answer is taken among their elements only (128 rows of
 58,101: argmax 33 -> 4 ms, top-8 of 4 x 58,101 per row 11-16 -> about 4 ms). The
 results equal ``jnp.argmax`` / ``lax.top_k`` exactly, ties (lowest index first) included.
+
+The two stages are for the CPU: on a TPU they cost more than the one-stage primitives
+(the compiler's bytes accessed, greedy and beam steps: +5 to 7 %), so other platforms
+lower ``jnp.argmax`` and ``lax.top_k`` (``seq2seq_jax.platforms.on_cpu``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from seq2seq_jax.types import Array, reads_vocab_major
-
-# Below this many elements per row the one-stage primitives are as fast.
-_MIN_BLOCKED_LENGTH = 2048
+from seq2seq_jax import platforms
+from seq2seq_jax.types import Array
 
 
 def _block_size(length: int, k: int) -> int:
@@ -61,7 +63,7 @@ def _block_positions(blocks_NJ: Array, block: int, length: int) -> tuple[Array, 
 
 
 def argmax(x_NM: Array) -> Array:
-  """``jnp.argmax(x_NM, axis=-1)``, int32, computed through block maxima.
+  """``jnp.argmax(x_NM, axis=-1)``, int32; on the CPU computed through block maxima.
 
   The first index of the maximum, for rows without NaN (XLA's CPU reductions do
   not all propagate NaN, so a row holding one gets an index of no meaning).
@@ -70,11 +72,19 @@ def argmax(x_NM: Array) -> Array:
     >>> argmax(jnp.array([[0.0, 3.0, 1.0, 3.0]]))
     Array([1], dtype=int32)
   """
+  if x_NM.shape[-1] < platforms.TWO_STAGE_MIN_LENGTH:
+    return _one_stage_argmax(x_NM)
+  return platforms.on_cpu(_two_stage_argmax, _one_stage_argmax, x_NM)
+
+
+def _one_stage_argmax(x_NM: Array) -> Array:
+  return jnp.argmax(x_NM, axis=-1).astype(jnp.int32)
+
+
+def _two_stage_argmax(x_NM: Array) -> Array:
   length = x_NM.shape[-1]
-  if length < _MIN_BLOCKED_LENGTH:
-    return jnp.argmax(x_NM, axis=-1).astype(jnp.int32)
   block = _block_size(length, 1)
-  if x_NM.ndim == 2 and reads_vocab_major(x_NM.shape[0]):
+  if x_NM.ndim == 2 and platforms.reads_vocab_major(x_NM.shape[0]):
     return _argmax_along_0(x_NM.T, block)
   best_N = jnp.argmax(_block_maxima(x_NM, block), axis=-1).astype(jnp.int32)
   positions, _ = _block_positions(best_N[..., None], block, length)
@@ -86,7 +96,7 @@ def argmax(x_NM: Array) -> Array:
 def _argmax_along_0(x_MN: Array, block: int) -> Array:
   """``argmax`` over axis 0 of ``x_MN``, by the same two stages along that axis.
 
-  For ``types.reads_vocab_major`` row counts: the decoding step's logits are laid
+  For ``platforms.reads_vocab_major`` row counts: the decoding step's logits are laid
   out this way, so the maxima read them as they lie.
   """
   length = x_MN.shape[0]
@@ -118,9 +128,19 @@ def top_k(x_NM: Array, k: int) -> tuple[Array, Array]:
   if not isinstance(k, int) or not 0 < k <= length:
     raise ValueError(f"top_k needs 0 < k <= {length} (the row length); got k={k!r}")
   block = _block_size(length, k)
-  if length < _MIN_BLOCKED_LENGTH or k * block >= length // 2:
-    values, indices = jax.lax.top_k(x_NM, k)
-    return values, indices.astype(jnp.int32)
+  one_stage = lambda x_NM: _one_stage_top_k(x_NM, k)
+  if length < platforms.TWO_STAGE_MIN_LENGTH or k * block >= length // 2:
+    return one_stage(x_NM)
+  return platforms.on_cpu(lambda x_NM: _two_stage_top_k(x_NM, k, block), one_stage, x_NM)
+
+
+def _one_stage_top_k(x_NM: Array, k: int) -> tuple[Array, Array]:
+  values, indices = jax.lax.top_k(x_NM, k)
+  return values, indices.astype(jnp.int32)
+
+
+def _two_stage_top_k(x_NM: Array, k: int, block: int) -> tuple[Array, Array]:
+  length = x_NM.shape[-1]
   _, blocks_NK = jax.lax.top_k(_block_maxima(x_NM, block), k)
   # In index order, so that equal values keep lax.top_k's lowest-index-first order.
   blocks_NK = jnp.sort(blocks_NK.astype(jnp.int32), axis=-1)

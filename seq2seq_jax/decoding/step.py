@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from seq2seq_jax import platforms
 from seq2seq_jax.decoding import repetition
-from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree, reads_vocab_major
+from seq2seq_jax.types import NEG_INF, PAD_ID, Array, PyTree
 
 
 class StepFn(Protocol):
@@ -151,18 +152,25 @@ def next_token_logprobs(step_fn: StepFn, tokens_N: Array, cache: PyTree, *, step
 def log_softmax(logits_NV: Array) -> Array:
   """``x - logsumexp(x)`` over the vocabulary of float32 ``[N, V]`` logits.
 
-  For ``types.reads_vocab_major(N)`` rows the reductions run along axis 0 of ``x.T``,
-  the layout the models compute such logits in (see ``types.VOCAB_MAJOR_MAX_ROWS``):
-  the same sums, without a transposed copy of the step's largest array.
+  On the CPU, for ``platforms.reads_vocab_major(N)`` rows, the reductions run along
+  axis 0 of ``x.T``, the layout the models compute such logits in there (see
+  ``platforms.VOCAB_MAJOR_MAX_ROWS``): the same sums, without a transposed copy of
+  the step's largest array.
 
   Example:
     >>> log_softmax(jnp.log(jnp.array([[1.0, 3.0]])))
     Array([[-1.3862944 , -0.28768206]], dtype=float32)
   """
-  if reads_vocab_major(logits_NV.shape[0]):
+  def row_wise(logits_NV):
+    return logits_NV - jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)
+
+  def vocab_major(logits_NV):
     logits_VN = logits_NV.T
     return (logits_VN - jax.nn.logsumexp(logits_VN, axis=0, keepdims=True)).T
-  return logits_NV - jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)
+
+  if platforms.reads_vocab_major(logits_NV.shape[0]):
+    return platforms.on_cpu(vocab_major, row_wise, logits_NV)
+  return row_wise(logits_NV)
 
 
 def model_logits(step_fn: StepFn, tokens_N: Array, cache: PyTree) -> tuple[Array, PyTree]:

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seq2seq_jax.types import VOCAB_MAJOR_MAX_ROWS, Array
+from seq2seq_jax import platforms
+from seq2seq_jax.types import Array
 
 
 def sinusoidal_table(max_len: int, dim: int) -> np.ndarray:
@@ -94,40 +95,51 @@ class TokenEmbedding(nn.Module):
     return logits + bias_V.reshape((1,) * (logits.ndim - 1) + (-1,))
 
 
-# Up to this many rows (a decoding step's batch, times beams) logits are computed as
-# (E x^T)^T: with the large table as the left operand XLA's CPU dot streams it instead
-# of repacking all of it for a few rows. At 58,101 x 512, with a log-softmax over the
+# Up to this many rows (a decoding step's batch, times beams) logits are computed, on
+# the CPU, as (E x^T)^T: with the large table as the left operand XLA's CPU dot streams
+# it instead of repacking all of it for a few rows (other platforms: x E^T, see
+# seq2seq_jax.platforms). At 58,101 x 512, with a log-softmax over the
 # transposed result, per 1 / 4 / 32 / 64 / 128 rows: 7.8x / 1.65x / 1.28x / 0.94x /
 # 0.67x the speed of x E^T (CPU time, this project's 2-core Zen 4). From 8 rows on the
-# decoding step reads such logits vocabulary-major (``types.reads_vocab_major``): with
+# decoding step reads such logits vocabulary-major (``platforms.reads_vocab_major``): with
 # the log-softmax and argmax along the vocabulary axis as it lies, a greedy step at
 # batch 32 of an OPUS-MT-sized model spends 1.2 ms after the dot instead of 4.7.
-TRANSPOSED_LOGITS_MAX_ROWS = VOCAB_MAJOR_MAX_ROWS
+TRANSPOSED_LOGITS_MAX_ROWS = platforms.VOCAB_MAJOR_MAX_ROWS
 
 
 def vocab_logits(x_BTD: Array, weight: Array, *, weight_axes: str = "VD",
                  bias: Array | None = None) -> Array:
   """Float32 logits ``[..., V]`` of ``x_BTD [..., D]`` against a ``[V, D]`` (or ``[D, V]``) matrix.
 
-  Plain contraction, the operand order chosen for XLA's CPU dot by the number of
-  rows (``TRANSPOSED_LOGITS_MAX_ROWS``); any order gives the same products. A
-  ``bias [V]`` is added in the same layout, before the result is handed over
-  (at most ``TRANSPOSED_LOGITS_MAX_ROWS`` rows: the transposed view of a [V, N] array).
+  Plain contraction; on the CPU the operand order is chosen for XLA's dot by the
+  number of rows (``TRANSPOSED_LOGITS_MAX_ROWS``, see ``seq2seq_jax.platforms``);
+  any order gives the same products. A ``bias [V]`` is added in the same layout,
+  before the result is handed over (on the CPU, at most
+  ``TRANSPOSED_LOGITS_MAX_ROWS`` rows: the transposed view of a [V, N] array).
   """
   if weight_axes not in ("VD", "DV"):
     raise ValueError(f"weight_axes={weight_axes!r}: must be 'VD' or 'DV'")
-  rows = math.prod(x_BTD.shape[:-1])
-  if rows > TRANSPOSED_LOGITS_MAX_ROWS:
+
+  def row_major(x_BTD, weight, *bias):
     logits = jnp.einsum(f"...D,{weight_axes}->...V", x_BTD, weight,
                         preferred_element_type=jnp.float32)
-    return logits if bias is None else logits + bias.reshape((1,) * (logits.ndim - 1) + (-1,))
-  x_ND = x_BTD.reshape(rows, x_BTD.shape[-1])
-  logits_VN = jnp.einsum(f"{weight_axes},ND->VN", weight, x_ND, preferred_element_type=jnp.float32)
-  if bias is not None:
-    logits_VN = logits_VN + bias[:, None]
-  # Without the barrier XLA folds the transpose back into the dot, operands swapped.
-  logits_VN = jax.lax.optimization_barrier(logits_VN)
-  return logits_VN.T.reshape(*x_BTD.shape[:-1], logits_VN.shape[0])
+    return logits + bias[0].reshape((1,) * (logits.ndim - 1) + (-1,)) if bias else logits
+
+  def vocab_major(x_BTD, weight, *bias):
+    x_ND = x_BTD.reshape(rows, x_BTD.shape[-1])
+    logits_VN = jnp.einsum(f"{weight_axes},ND->VN", weight, x_ND,
+                           preferred_element_type=jnp.float32)
+    if bias:
+      logits_VN = logits_VN + bias[0][:, None]
+    # Without the barrier XLA folds the transpose back into the dot, operands swapped.
+    logits_VN = jax.lax.optimization_barrier(logits_VN)
+    return logits_VN.T.reshape(*x_BTD.shape[:-1], logits_VN.shape[0])
+
+  rows = math.prod(x_BTD.shape[:-1])
+  operands = (x_BTD, weight) + (() if bias is None else (bias,))
+  if rows > TRANSPOSED_LOGITS_MAX_ROWS:
+    return row_major(*operands)
+  return platforms.on_cpu(vocab_major, row_major, *operands)
 
 
 @jax.custom_vjp

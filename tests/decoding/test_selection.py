@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from seq2seq_jax.decoding import selection
-from seq2seq_jax.types import VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MIN_ROWS
+from seq2seq_jax.platforms import VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MIN_ROWS
 
 # Row lengths: below the blocked threshold, with a divisor near sqrt (58101 = 181 x 321,
 # the OPUS-MT vocabulary), a power of two, and a prime (no divisor: sliced blocks).

@@ -7,7 +7,8 @@ import pytest
 
 from seq2seq_jax.decoding import beam_search, greedy_search
 from seq2seq_jax.decoding.step import TokenRules, check_decode_args, log_softmax
-from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID, VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MIN_ROWS
+from seq2seq_jax.platforms import VOCAB_MAJOR_MAX_ROWS, VOCAB_MAJOR_MIN_ROWS
+from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID
 from tests.decoding.decoding_toys import PrefixToy, run_jit
 
 T = 4

@@ -25,8 +25,11 @@ def test_output_logits_gradients_match_autodiff(dtype, tolerance):
 
   got = jax.jit(jax.grad(objective(output_logits), argnums=(0, 1)))(x_BTD, table_VD)
   want = jax.jit(jax.grad(objective(plain), argnums=(0, 1)))(x_BTD, table_VD)
-  np.testing.assert_array_equal(np.asarray(jax.jit(output_logits)(x_BTD, table_VD)),
-                                np.asarray(jax.jit(plain)(x_BTD, table_VD)))
+  # The same products; on the CPU a few rows are summed in the vocabulary-major order,
+  # which may round the last bit differently.
+  np.testing.assert_allclose(np.asarray(jax.jit(output_logits)(x_BTD, table_VD), np.float32),
+                             np.asarray(jax.jit(plain)(x_BTD, table_VD), np.float32),
+                             rtol=tolerance, atol=tolerance)
   for g, w in zip(got, want):
     assert g.dtype == w.dtype == dtype
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),

@@ -1,0 +1,70 @@
+"""Choices that pay on one backend and cost on another, taken per platform when a program lowers.
+
+Some of the library's speed-ups were found by timing XLA's CPU backend; the TPU
+compiler judges them differently (``benchmarks/tpu_compile.py --choices``, the
+compiler's cost analysis for a v5e chip; RESULTS.md has the tables). Each such
+choice is written twice and picked by ``on_cpu``, a ``jax.lax.platform_dependent``:
+the platform is the one a program is lowered for, not the machine that traces it,
+so the TPU compiler run on a CPU (``seq2seq_jax.aot``) and a ``jax.export`` artifact
+for ``cpu,cuda,tpu`` each get their own branch. The numbers below say why:
+
+=========================== ========================================= ===================================
+choice                      XLA CPU, measured (2-core Zen 4)          TPU v5e, compiler's cost analysis
+=========================== ========================================= ===================================
+vocabulary-major logits of  after the output dot, a greedy step of    bytes accessed by a greedy step of
+8 to 32 rows                32 rows x 58,101 ids: 4.7 -> 1.2 ms       32 rows: +6 % (1,130 -> 1,201 MB)
+two-stage argmax / top-k    128 rows x 58,101: argmax 33 -> 4 ms,     greedy, 32 rows: +6 % bytes
+                            top-8 of 4 x 58,101: 11-16 -> 4 ms        (1,064 -> 1,130 MB); beam 4: +5 %
+=========================== ========================================= ===================================
+
+Both are CPU-only. Dropout keeps its Philox masks on every platform and the q/k/v
+projections stay stacked (see ``layers.dropout`` and ``layers.attention``): the TPU
+compiler found no cost in either (RESULTS.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+# Logits of at most VOCAB_MAJOR_MAX_ROWS rows (a decoding step of batch x beams <= 32)
+# are laid out vocabulary-major on the CPU: the models compute them as [V, N] and hand
+# over the transposed view (see layers.embeddings.vocab_logits). From
+# VOCAB_MAJOR_MIN_ROWS rows on, the decoding step's reductions over the vocabulary
+# (log-softmax, argmax) are written along that axis, so XLA's CPU backend reads them
+# as they lie and never materializes an [N, V] copy; below it a [V, N] array is
+# (nearly) an [N, V] one, and the row-wise reductions are faster (58,101 ids,
+# log-softmax and argmax, row-wise / vocabulary-major: 0.18 / 1.0 ms for one row,
+# 1.05 / 0.93 ms at 8 rows, 3.7 / 1.4 ms at 32).
+VOCAB_MAJOR_MIN_ROWS: int = 8
+VOCAB_MAJOR_MAX_ROWS: int = 32
+
+# Below this many elements per row the one-stage argmax and top-k are as fast on the
+# CPU as the two-stage ones (decoding.selection).
+TWO_STAGE_MIN_LENGTH: int = 2048
+
+
+def reads_vocab_major(rows: int) -> bool:
+  """Whether, on the CPU, a step's reductions over ``[rows, V]`` logits run vocabulary-major.
+
+  Example:
+    >>> reads_vocab_major(1), reads_vocab_major(32), reads_vocab_major(128)
+    (False, True, False)
+  """
+  return VOCAB_MAJOR_MIN_ROWS <= rows <= VOCAB_MAJOR_MAX_ROWS
+
+
+def on_cpu(cpu: Callable[..., Any], other: Callable[..., Any], *args: Any) -> Any:
+  """``cpu(*args)`` in a program lowered for the CPU, ``other(*args)`` for any other platform.
+
+  Both must return the same shapes and dtypes. ``jax.lax.platform_dependent``: a
+  program lowered for one platform holds only that platform's branch.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> on_cpu(lambda x: x + 1, lambda x: x - 1, jnp.zeros(()))  # run here, on the CPU
+    Array(1., dtype=float32)
+  """
+  return jax.lax.platform_dependent(*args, cpu=cpu, default=other)
