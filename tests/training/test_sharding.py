@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -140,6 +141,29 @@ def test_sharded_steps_equal_the_single_device_step():
   reference = results.pop("1")
   for name, values in results.items():
     np.testing.assert_allclose(values, reference, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("parameter_sharding", ["fsdp", "replicated"])
+def test_the_batch_stays_split_over_data(parameter_sharding):
+  """No program gathers the batch's rows: under FSDP, before the activations were marked
+  (layers.partitioning), XLA split the model width instead and all-gathered the tokens,
+  the masks and the attention activations (on a TPU: 4x the temporaries)."""
+  rows = 40  # a multiple of the 8 devices that no parameter axis equals
+  mesh = sharding.make_mesh()
+  model, optimizer, schedule, state = _state(_transformer(), mesh, parameter_sharding)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          state)
+  rows_sharding = step_lib.batch_sharding(mesh)
+  batch = {"inputs": jax.ShapeDtypeStruct((rows, 12), jnp.int32, sharding=rows_sharding),
+           "targets": jax.ShapeDtypeStruct((rows, 10), jnp.int32, sharding=rows_sharding)}
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
+                             sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  train_step = step_lib.make_train_step(model, optimizer, schedule, mesh=mesh, state=abstract)
+  text = train_step.lower(abstract, batch, key).compile().as_text()
+  gathered = re.findall(r"= (\w+\[[0-9,]*\])\S* all-gather\(", text)
+  if parameter_sharding == "fsdp":
+    assert gathered  # its parameters, where they are used
+  assert not [shape for shape in gathered if re.search(rf"\[{rows}\b", shape)], gathered
 
 
 def test_configs_that_cannot_be_split_raise_naming_the_field():
