@@ -128,3 +128,16 @@ def test_translate_file_quick(tmp_path):
     assert model == {"ct2 identical lines": 1.0, "hf identical lines": 1.0}
   assert all(mb > 0 for mb in payload["peak_rss_mb"].values())
   assert len(payload["peak_rss_mb"]) == 4 and payload["ratios"]["peak RSS, translate_file"] > 0
+
+
+@pytest.mark.slow
+def test_tpu_compile_quick(tmp_path):
+  payload = _run("tpu_compile", tmp_path)
+  records = payload["records"]
+  assert {r["section"] for r in records} == {"train", "sharding", "generate"}
+  assert all(r["fits"] and r["estimated_step_seconds"] > 0 for r in records)
+  largest = next(r for r in records if r["variant"] == "largest batch")
+  preset = next(r for r in records if r["variant"] == "preset batch")
+  assert largest["rows"] >= preset["rows"] and largest["max_batch_probes"]
+  step = next(r for r in records if r["section"] == "generate")["decode_step"]
+  assert step["hbm_bound_seconds"] > 0 and step["estimate_over_bound"] > 1
