@@ -187,14 +187,21 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   # Donated arguments alias outputs: those bytes are held once.
   sizes["total"] = (sizes["arguments"] + sizes["outputs"] - int(memory.alias_size_in_bytes)
                     + sizes["temporaries"] + sizes["generated_code"])
-  flops = float(cost.get("flops", 0.0))
+  fits = sizes["total"] <= target.chip.hbm_bytes
+  if "flops" not in cost:  # XLA's GPU compiler: no cost analysis of a compile-only executable
+    return CompileReport(
+        **common, per_chip_bytes=sizes, fits=fits, flops_per_chip=None,
+        bytes_accessed_per_chip=None, estimated_step_seconds=None, estimated_mfu=None,
+        compile_seconds=seconds, loops_counted_once=_loops(compiled),
+        message="" if fits else "the program needs more memory than the chip has")
+  flops = float(cost["flops"])
   accessed = float(cost.get("bytes accessed", 0.0))
   step_seconds, mfu = roofline(flops, accessed, target)
   return CompileReport(
-      **common, per_chip_bytes=sizes, fits=sizes["total"] <= target.chip.hbm_bytes,
-      flops_per_chip=flops, bytes_accessed_per_chip=accessed,
-      estimated_step_seconds=step_seconds, estimated_mfu=mfu, compile_seconds=seconds,
-      loops_counted_once=_loops(compiled))
+      **common, per_chip_bytes=sizes, fits=fits, flops_per_chip=flops,
+      bytes_accessed_per_chip=accessed, estimated_step_seconds=step_seconds, estimated_mfu=mfu,
+      compile_seconds=seconds, loops_counted_once=_loops(compiled),
+      message="" if fits else "the program needs more memory than the chip has")
 
 
 def decode_step_bound(program: programs_lib.Program, target: Target) -> float:
@@ -380,8 +387,8 @@ def format_table(reports: Sequence[CompileReport]) -> str:
     if r.loops_counted_once:
       out.append(f"{r.program} on {r.target}: the program has loops; XLA counts each loop body "
                  "once, so its FLOPs, bytes and estimate cover one trip")
-  out.append("Per chip. Compiler-derived estimates (libtpu's memory and cost analysis against "
-             "published chip figures), not measurements.")
+  out.append("Per chip. Compiler-derived estimates (the XLA compiler's memory and cost analysis "
+             "against published chip figures), not measurements.")
   return "\n".join(out)
 
 

@@ -61,10 +61,13 @@ class Chip:
   chip_config: str = "default"
   cores_per_chip: int = 1
   host_bounds: tuple[int, int, int] = (2, 2, 1)
+  platform: str = "tpu"
 
   @property
   def dims(self) -> int:
-    """2 for the 2D-torus chips (v5e, v6e), 3 for the 3D ones (v4, v5p)."""
+    """2 for the 2D-torus chips (v5e, v6e), 3 for the 3D ones (v4, v5p), 1 for GPUs."""
+    if self.platform != "tpu":
+      return 1
     return 3 if self.cores_per_chip == 2 else 2
 
 
@@ -82,7 +85,26 @@ CHIPS: dict[str, Chip] = {
     "v6e": Chip("v6e", "TPU v6 lite", 32 * GiB, 918e12, 1638e9,
                 "https://cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 32 GB HBM, 1638 GBps)",
                 topology_name="v6e"),
+    # XLA's GPU compiler, through jax's CUDA plugin (the stretch: no cost analysis).
+    "h100": Chip("h100", "NVIDIA H100 80GB HBM3", 80 * 10**9, 989e12, 3.35e12,
+                 "https://www.nvidia.com/en-us/data-center/h100/ (SXM: 989 TFLOPS dense bf16, "
+                 "80 GB HBM3, 3.35 TB/s)", topology_name="h100", platform="cuda"),
 }
+
+# What XLA's GPU compiler needs to know of an H100 SXM to compile for one it cannot see
+# (a GpuTargetConfigProto, text format): the figures of NVIDIA's published specification.
+_H100_TARGET_CONFIG = """gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84978434048 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
 
 # Cloud TPU accelerator types ("v5e-8") -> the slice's topology (chips along each axis).
 _SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
@@ -90,7 +112,7 @@ _SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128
 _SHAPES_3D = {1: "1x1x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4",
               128: "4x4x8", 256: "4x8x8", 512: "8x8x8"}
 EXAMPLES = ("v5e:2x4", "v5e-8", "v5e-1", "v6e-1", "v6e:2x2", "v4:2x2x1", "v4-8", "v5p:2x2x1",
-            "v5p-8")
+            "v5p-8", "h100", "h100-8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,13 +150,21 @@ def parse_target(name: str) -> Target:
   """
   text = name.strip().lower()
   match = re.fullmatch(r"([a-z0-9]+)(?::([0-9x]+)|-([0-9]+))", text)
+  if text in CHIPS and CHIPS[text].platform != "tpu":  # "h100": one GPU
+    text, match = f"{text}-1", re.fullmatch(r"([a-z0-9]+)-([0-9]+)", f"{text}-1")
   if not match:
     raise ValueError(f"target {name!r} is neither CHIP:TOPOLOGY nor CHIP-COUNT; "
                      + known_targets())
-  chip_name, topology, count = match.groups()
+  chip_name, topology, count = (match.groups() if match.re.groups == 3
+                                else (match.group(1), None, match.group(2)))
   if chip_name not in CHIPS:
     raise ValueError(f"unknown chip {chip_name!r} in target {name!r}; " + known_targets())
   chip = CHIPS[chip_name]
+  if chip.platform != "tpu":
+    if count is None or int(count) < 1:
+      raise ValueError(f"target {name!r}: write GPUs as {chip_name} or {chip_name}-N (N GPUs)")
+    return Target(name=name, chip=chip, topology=f"{chip_name}-{int(count)}",
+                  shape=(int(count),))
   if count is not None:
     shapes = _SHAPES_3D if chip.dims == 3 else _SHAPES_2D
     cores = int(count)
@@ -189,12 +219,36 @@ def _devices(topology: str, chip_config: str, host_bounds: tuple[int, ...]) -> t
   return tuple(description.devices)
 
 
+def _gpu_devices(target: Target) -> list[Any]:
+  """Compile-only H100s from jax's CUDA plugin, which needs no GPU and no CUDA here."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  try:
+    import jax_plugins.xla_cuda12  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    raise ValueError(f"compiling for {target.name} needs jax's CUDA plugin: pip install "
+                     f"jax-cuda12-plugin=={jax.__version__} jax-cuda12-pjrt=={jax.__version__} "
+                     "(no GPU needed; without CUDA libraries set "
+                     "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1)") from None
+  try:
+    description = topologies.get_topology_desc(
+        topology_name=target.topology, platform="cuda", target_config=_H100_TARGET_CONFIG,
+        topology=f"1x1x{target.chips}")
+  except (NotImplementedError, RuntimeError) as error:
+    raise ValueError(f"jax's CUDA plugin could not describe {target.name}: {error}. Without a "
+                     "GPU, run with JAX_PLATFORMS=cpu and JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 "
+                     "so that the plugin registers without CUDA") from None
+  return list(description.devices)
+
+
 def target_devices(target: Target) -> list[Any]:
   """The compile-only devices of ``target`` (one per chip), in topology order.
 
   Raises:
-    ValueError: libtpu is not installed (the message says how to install it).
+    ValueError: libtpu (or for a GPU, jax's CUDA plugin) is not installed; the message
+      says how to install it.
   """
+  if target.chip.platform == "cuda":
+    return _gpu_devices(target)
   if not libtpu_installed():
     raise ValueError(
         f"compiling for {target.name} needs the TPU compiler, libtpu: pip install "

@@ -5,6 +5,7 @@ benchmarks/tpu_compile.py's. Every number checked here comes from the compiler.
 """
 
 import dataclasses
+import importlib.util
 import json
 
 import flax.linen as nn
@@ -197,5 +198,30 @@ def test_fit_summary_reads_as_one_line_a_program():
 
 def test_the_chip_table_names_its_sources():
   for chip in targets_lib.CHIPS.values():
-    assert chip.source.startswith("https://cloud.google.com/tpu/docs/")
-    assert chip.peak_flops > 1e14 and chip.hbm_bandwidth > 5e11 and chip.hbm_bytes >= 16 * 2**30
+    assert chip.source.startswith(("https://cloud.google.com/tpu/docs/", "https://www.nvidia.com/"))
+    assert chip.peak_flops > 1e14 and chip.hbm_bandwidth > 5e11 and chip.hbm_bytes >= 16 * 10**9
+
+
+def _has_cuda_plugin() -> bool:
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:  # no jax_plugins package at all
+    return False
+
+
+HAS_CUDA_PLUGIN = _has_cuda_plugin()
+
+
+@pytest.mark.skipif(not HAS_CUDA_PLUGIN, reason="needs jax's CUDA plugin (jax-cuda12-plugin, "
+                    "jax-cuda12-pjrt), which this project does not install: a GPU is optional")
+def test_an_h100_target_compiles_with_xla_s_gpu_compiler():
+  report = aot.compile_report(TINY, "h100", "train")
+  assert report.fits and report.chip == "h100" and report.per_chip_bytes["arguments"] > 0
+  assert report.flops_per_chip is None  # the plugin gives no cost analysis of such executables
+
+
+def test_an_h100_target_without_the_cuda_plugin_says_how_to_get_it():
+  if HAS_CUDA_PLUGIN:
+    pytest.skip("the CUDA plugin is installed here")
+  with pytest.raises(ValueError, match="jax-cuda12-plugin"):
+    aot.target_devices(aot.parse_target("h100-8"))
