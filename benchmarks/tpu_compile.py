@@ -259,7 +259,8 @@ def run_choices(results: Results) -> None:
       "model.num_encoder_layers=2", "model.num_decoder_layers=2",
       "model.attention_dropout_rate=0.1", "train.compute_dtype=bfloat16", "data.vocab_size=32000"])
   original_mask = dropout_lib.keep_mask
-  for variant, mask in (("philox", original_mask), ("threefry", threefry), ("rbg", rbg)):
+  for variant, mask in (("philox", dropout_lib.philox_keep_mask), ("threefry", threefry),
+                        ("rbg", rbg)):
     labels = dict(section="choices", name="train 2+2 d512 dropout", variant=variant,
                   target=target)
     if results.has(labels):

@@ -8,18 +8,19 @@ the platform is the one a program is lowered for, not the machine that traces it
 so the TPU compiler run on a CPU (``seq2seq_jax.aot``) and a ``jax.export`` artifact
 for ``cpu,cuda,tpu`` each get their own branch. The numbers below say why:
 
-=========================== ========================================= ===================================
+=========================== ========================================= =====================================
 choice                      XLA CPU, measured (2-core Zen 4)          TPU v5e, compiler's cost analysis
-=========================== ========================================= ===================================
-vocabulary-major logits of  after the output dot, a greedy step of    bytes accessed by a greedy step of
-8 to 32 rows                32 rows x 58,101 ids: 4.7 -> 1.2 ms       32 rows: +6 % (1,130 -> 1,201 MB)
-two-stage argmax / top-k    128 rows x 58,101: argmax 33 -> 4 ms,     greedy, 32 rows: +6 % bytes
-                            top-8 of 4 x 58,101: 11-16 -> 4 ms        (1,064 -> 1,130 MB); beam 4: +5 %
-=========================== ========================================= ===================================
+=========================== ========================================= =====================================
+vocabulary-major logits of  after the output dot, a greedy step of    a greedy step of 32 rows: +6 % bytes
+8 to 32 rows                32 rows x 58,101 ids: 4.7 -> 1.2 ms       accessed (1,130 -> 1,201 MB)
+two-stage argmax / top-k    128 rows x 58,101: argmax 33 -> 4 ms,     greedy, 32 rows: +6 % bytes (1,064
+                            top-8 of 4 x 58,101: 11-16 -> 4 ms        -> 1,130 MB); beam 4: +5 %
+Philox-2x32 dropout masks   16 M values: 28 ms, threefry 188 ms       train step (2+2, d 512): 25.1 GB
+                                                                      accessed, threefry 23.4 GB (-7 %)
+=========================== ========================================= =====================================
 
-Both are CPU-only. Dropout keeps its Philox masks on every platform and the q/k/v
-projections stay stacked (see ``layers.dropout`` and ``layers.attention``): the TPU
-compiler found no cost in either (RESULTS.md).
+All three are CPU-only: programs lowered for another platform get the plain
+``jnp.einsum`` logits, ``jnp.argmax`` / ``lax.top_k`` and ``jax.random.bernoulli``.
 """
 
 from __future__ import annotations

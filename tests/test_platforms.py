@@ -13,7 +13,7 @@ import pytest
 
 from seq2seq_jax import platforms
 from seq2seq_jax.decoding import selection, step
-from seq2seq_jax.layers import embeddings
+from seq2seq_jax.layers import dropout, embeddings
 
 ROWS, VOCAB, WIDTH = 16, 5000, 8  # 8 <= ROWS <= 32: the vocabulary-major range
 
@@ -47,6 +47,13 @@ def test_vocabulary_major_logits_are_lowered_for_the_cpu_only(platform, barriers
   text = _lowered(lambda x, e: embeddings.vocab_logits(x, e), jnp.zeros((ROWS, WIDTH)),
                   jnp.zeros((VOCAB, WIDTH)), platform=platform)
   assert text.count("optimization_barrier") == barriers
+
+
+@pytest.mark.parametrize("platform, philox", [("cpu", True), ("tpu", False), ("cuda", False)])
+def test_philox_dropout_masks_are_lowered_for_the_cpu_only(platform, philox):
+  text = _lowered(lambda key: dropout.keep_mask(key, 0.1, (64, 32)), jax.random.key(0),
+                  platform=platform)
+  assert (str(0xD256D193) in text) == philox  # Philox-2x32's round multiplier
 
 
 def test_both_branches_give_the_same_results_here():

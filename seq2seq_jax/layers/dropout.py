@@ -1,4 +1,4 @@
-"""Dropout whose masks come from Philox-2x32-10, a counter-based generator that XLA vectorizes.
+"""Dropout whose masks, on the CPU, come from Philox-2x32-10, a counter-based generator XLA vectorizes.
 
 ``flax.linen.Dropout`` draws its masks with ``jax.random.bernoulli``, i.e. the
 threefry generator; on the XLA CPU backend that costs about 12 ns per value
@@ -13,6 +13,13 @@ Philox-4x32-10 with its multiplies emulated in 32 bits and 188 ms for threefry.
 Each call draws two 32-bit words from the ``"dropout"`` rng stream, one the key and
 one the counter's second word, and counts its elements from zero in the first, so
 calls with different draws are independent streams.
+
+Philox is a CPU choice (``seq2seq_jax.platforms.on_cpu``). Compiled for a TPU v5e,
+a training step (2 + 2 layers, d 512, 128 x 64 tokens, bfloat16) is costed at
+25.1 GB accessed and 2.17 GB of temporaries with Philox masks, 23.4 GB and 2.02 GB
+with ``jax.random.bernoulli`` (threefry; the estimated step 7 % shorter) and 27.7 GB
+and 2.37 GB with the 'rbg' generator: programs lowered for other platforms draw
+their masks with ``jax.random.bernoulli`` from the same key.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from seq2seq_jax.platforms import on_cpu
 from seq2seq_jax.types import Array
 
 _M2X32 = 0xD256D193  # the Philox-2x32 round multiplier
@@ -70,6 +78,22 @@ def philox2x32(counter: tuple[Array, Array], key: Array,
 def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> Array:
   """bool mask, True with probability ``1 - rate`` independently per element.
 
+  On the CPU ``philox_keep_mask``, elsewhere ``jax.random.bernoulli`` (see the module
+  docstring for why).
+
+  Example:
+    >>> float(keep_mask(jax.random.key(0), 0.25, (1000, 1000)).mean().round(2))
+    0.75
+  """
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout rate={rate} must be in [0, 1)")
+  return on_cpu(lambda key: philox_keep_mask(key, rate, shape),
+                lambda key: jax.random.bernoulli(key, 1.0 - rate, shape), rng)
+
+
+def philox_keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> Array:
+  """``keep_mask`` from Philox-2x32-10 blocks.
+
   Element ``i`` reads word 0 of the Philox-2x32-10 block at counter ``(i, c)``
   under key ``k``, where ``k`` and ``c`` are two words drawn from ``rng``, compared
   with ``round(rate * 2**32)``: the rate is exact to 2**-32. One block per element
@@ -78,7 +102,7 @@ def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> Array:
   recompute the rounds for each (over 1 s for 16 M elements).
 
   Example:
-    >>> float(keep_mask(jax.random.key(0), 0.25, (1000, 1000)).mean().round(2))
+    >>> float(philox_keep_mask(jax.random.key(0), 0.25, (1000, 1000)).mean().round(2))
     0.75
   """
   if not 0.0 <= rate < 1.0:
