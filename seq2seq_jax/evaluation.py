@@ -75,13 +75,87 @@ def perplexity(nll_sum: float, tokens: float) -> float:
   return float(math.exp(min(nll_sum / tokens, 700.0)))
 
 
+def _moses(lang: str):
+  """Lowercase, normalize punctuation, Moses-tokenize (escaped): the official Multi30k
+  preprocessing that made ``*.lc.norm.tok.*`` (lowercase.perl, normalize-punctuation.perl,
+  tokenizer.perl), through sacremoses."""
+  from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+  normalizer, tokenizer = MosesPunctNormalizer(lang), MosesTokenizer(lang)
+  return lambda text: tokenizer.tokenize(normalizer.normalize(text.lower()), escape=True,
+                                         return_str=True)
+
+
+def _multi_bleu(tokenized_hypotheses: list[str], tokenized_references: list[str],
+                name: str, suffix: str) -> Score:
+  """Corpus BLEU-4 of whitespace tokens, unsmoothed, as ``multi-bleu.perl`` computes it."""
+  metric = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
+  result = metric.corpus_score(tokenized_hypotheses, [tokenized_references])
+  score = 0.0 if math.isnan(result.score) else float(result.score)
+  return Score(name, score, str(metric.get_signature()) + suffix, str(result))
+
+
+def mmt_bleu(hypotheses: Sequence[str], references: Sequence[str], *, lang: str) -> Score:
+  """BLEU as the WMT16 multimodal task (and the Multi30k literature after it) reports it.
+
+  Hypotheses and references alike are lowercased, punctuation-normalized and
+  Moses-tokenized (sacremoses, the rules of ``lang``), then scored as
+  ``multi-bleu.perl`` scores tokens: corpus BLEU-4, no smoothing, the brevity penalty.
+
+  Args:
+    hypotheses: detokenized system outputs.
+    references: the raw (cased, untokenized) references.
+    lang: the target language code.
+
+  Example:
+    >>> round(mmt_bleu(["A dog's ball, in the grass."], ["a dog's ball, in the grass."],
+    ...                lang="en").score, 2)
+    100.0
+  """
+  hypotheses, references = _check(hypotheses, references)
+  process = _moses(lang)
+  return _multi_bleu([process(h) for h in hypotheses], [process(r) for r in references],
+                     "BLEU-mmt", "|mmt:lc.norm.tok")
+
+
+SCORINGS = ("sacrebleu", "tok", "mmt")
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str], *, scoring: str = "sacrebleu",
+         lang: str = "en", tokenized_references: Sequence[str] | None = None) -> Score:
+  """Corpus BLEU under a named convention (``SCORINGS``):
+
+  - ``"sacrebleu"``: cased, detokenized, sacreBLEU's defaults (``corpus_bleu``);
+  - ``"tok"``: against the official lowercased, tokenized references
+    (``tokenized_references``, e.g. Multi30k's ``tok/*.lc.norm.tok.*``;
+    ``moses_tokenized_bleu``);
+  - ``"mmt"``: both sides lowercased, normalized and tokenized here (``mmt_bleu``).
+
+  Raises:
+    ValueError: an unknown convention, or ``"tok"`` without its references.
+  """
+  if scoring == "sacrebleu":
+    return corpus_bleu(hypotheses, references)
+  if scoring == "mmt":
+    return mmt_bleu(hypotheses, references, lang=lang)
+  if scoring == "tok":
+    if tokenized_references is None:
+      raise ValueError("scoring 'tok' compares with the official lowercased, tokenized "
+                       "references (Multi30k's tok/*.lc.norm.tok.* beside raw/); none were "
+                       "found: give them, or use scoring 'mmt', which tokenizes the raw "
+                       "references itself")
+    return moses_tokenized_bleu(hypotheses, tokenized_references, lang=lang)
+  raise ValueError(f"unknown BLEU scoring {scoring!r}; known: {', '.join(SCORINGS)}")
+
+
 def moses_tokenized_bleu(hypotheses: Sequence[str], tokenized_references: Sequence[str], *,
                          lang: str) -> Score:
   """BLEU the way older Multi30k papers report it: lowercased, Moses-tokenized text.
 
-  The hypotheses are punctuation-normalized, lowercased and Moses-tokenized
-  (sacremoses, with ``&apos;``-style escaping, as the official ``*.lc.norm.tok.*``
-  files are) and scored against such references without further tokenization.
+  The hypotheses are lowercased, punctuation-normalized and Moses-tokenized
+  (sacremoses, with ``&apos;``-style escaping: the pipeline that made the official
+  ``*.lc.norm.tok.*`` files, which it reproduces for 6,027 of their 6,028 test and
+  validation lines) and scored against such references without further tokenization.
   Not comparable with the detokenized sacreBLEU figure: report both, and say which.
 
   Args:
@@ -89,12 +163,9 @@ def moses_tokenized_bleu(hypotheses: Sequence[str], tokenized_references: Sequen
     tokenized_references: lines of e.g. ``multi30k/tok/test_2016_flickr.lc.norm.tok.en``.
     lang: the target language code (Moses tokenization rules differ by language).
   """
-  from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
   hypotheses, references = _check(hypotheses, tokenized_references)
-  normalizer, tokenizer = MosesPunctNormalizer(lang), MosesTokenizer(lang)
-  tokenized = [tokenizer.tokenize(normalizer.normalize(h).lower(), escape=True, return_str=True)
-               for h in hypotheses]
+  process = _moses(lang)
+  tokenized = [process(h) for h in hypotheses]
   metric = sacrebleu.metrics.BLEU(tokenize="none", force=True)
   result = metric.corpus_score(tokenized, [references])
   score = 0.0 if math.isnan(result.score) else float(result.score)
