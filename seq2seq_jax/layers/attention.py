@@ -230,7 +230,10 @@ class MultiHeadAttention(nn.Module):
         dropout_rng=self.make_rng("dropout") if use_dropout else None,
         dropout_rate=self.dropout_rate, deterministic=deterministic,
         return_weights=return_weights, implementation=self.implementation)
-    out_BTHK, weights_BHTS = result if return_weights else (result, None)
+    if return_weights:
+      out_BTHK, weights_BHTS = result
+    else:
+      out_BTHK, weights_BHTS = result, None
     out_BTD = self.out(_constrain_heads(out_BTHK))
     return (out_BTD, weights_BHTS) if return_weights else out_BTD
 
