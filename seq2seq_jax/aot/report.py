@@ -31,6 +31,7 @@ import flax.linen as nn
 import jax
 
 from seq2seq_jax.aot import programs as programs_lib
+from seq2seq_jax.aot.hlo import hbm_traffic
 from seq2seq_jax.aot.targets import Target, parse_target, target_mesh
 from seq2seq_jax.configs import ExperimentConfig
 
@@ -63,6 +64,9 @@ class CompileReport:
   estimated_mfu: float | None
   compile_seconds: float
   loops_counted_once: bool = False
+  hbm_traffic_per_chip: float | None = None
+  hbm_step_seconds: float | None = None
+  hbm_mfu: float | None = None
   message: str = ""
   decode_step: dict[str, Any] | None = None
   max_batch_probes: list[dict[str, Any]] | None = None
@@ -197,10 +201,13 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   flops = float(cost["flops"])
   accessed = float(cost.get("bytes accessed", 0.0))
   step_seconds, mfu = roofline(flops, accessed, target)
+  traffic = hbm_traffic(compiled.as_text())
+  hbm_seconds, hbm_mfu = roofline(flops, traffic.hbm_bytes, target)
   return CompileReport(
       **common, per_chip_bytes=sizes, fits=fits, flops_per_chip=flops,
       bytes_accessed_per_chip=accessed, estimated_step_seconds=step_seconds, estimated_mfu=mfu,
       compile_seconds=seconds, loops_counted_once=_loops(compiled),
+      hbm_traffic_per_chip=traffic.hbm_bytes, hbm_step_seconds=hbm_seconds, hbm_mfu=hbm_mfu,
       message="" if fits else "the program needs more memory than the chip has")
 
 
@@ -227,9 +234,13 @@ def _decode_step_summary(config: ExperimentConfig, target: Target, mesh: Any, ro
              "bytes_accessed_per_chip": report.bytes_accessed_per_chip,
              "estimated_seconds": report.estimated_step_seconds,
              "estimated_mfu": report.estimated_mfu,
+             "hbm_traffic_per_chip": report.hbm_traffic_per_chip,
+             "hbm_step_seconds": report.hbm_step_seconds,
              "hbm_bound_seconds": bound,
              "estimate_over_bound": (report.estimated_step_seconds / bound
                                      if report.estimated_step_seconds and bound else None),
+             "hbm_estimate_over_bound": (report.hbm_step_seconds / bound
+                                         if report.hbm_step_seconds and bound else None),
              "compile_seconds": report.compile_seconds,
              "loops_counted_once": report.loops_counted_once}
   return summary
@@ -268,6 +279,9 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
     report.bytes_accessed_per_chip = step["bytes_accessed_per_chip"]
     report.estimated_step_seconds = step["estimated_seconds"]
     report.estimated_mfu = step["estimated_mfu"]
+    report.hbm_traffic_per_chip = step["hbm_traffic_per_chip"]
+    report.hbm_step_seconds = step["hbm_step_seconds"]
+    report.hbm_mfu = None
     report.loops_counted_once = step["loops_counted_once"]
   return report
 
@@ -363,7 +377,8 @@ def _gib(value: float | None) -> str:
 def format_table(reports: Sequence[CompileReport]) -> str:
   """A plain-text table of reports, one line each, with a footnote on what the numbers are."""
   header = ("program", "target", "batch", "args GiB", "temp GiB", "total GiB", "HBM GiB",
-            "fits", "TFLOP", "GB accessed", "est. ms", "est. MFU", "compile s")
+            "fits", "TFLOP", "GB accessed", "est. ms", "est. MFU", "HBM GB", "HBM ms",
+            "compile s")
   rows = []
   for r in reports:
     b = r.per_chip_bytes
@@ -376,6 +391,8 @@ def format_table(reports: Sequence[CompileReport]) -> str:
         "-" if r.bytes_accessed_per_chip is None else f"{r.bytes_accessed_per_chip / 1e9:.3g}",
         "-" if r.estimated_step_seconds is None else f"{r.estimated_step_seconds * 1e3:.3g}{step}",
         "-" if r.estimated_mfu is None else f"{100 * r.estimated_mfu:.0f}%",
+        "-" if r.hbm_traffic_per_chip is None else f"{r.hbm_traffic_per_chip / 1e9:.3g}",
+        "-" if r.hbm_step_seconds is None else f"{r.hbm_step_seconds * 1e3:.3g}{step}",
         f"{r.compile_seconds:.0f}"))
   widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
   line = lambda cells: "  ".join(str(c).rjust(w) if i >= 3 else str(c).ljust(w)
@@ -388,7 +405,9 @@ def format_table(reports: Sequence[CompileReport]) -> str:
       out.append(f"{r.program} on {r.target}: the program has loops; XLA counts each loop body "
                  "once, so its FLOPs, bytes and estimate cover one trip")
   out.append("Per chip. Compiler-derived estimates (the XLA compiler's memory and cost analysis "
-             "against published chip figures), not measurements.")
+             "against published chip figures), not measurements. est. ms: max(FLOPs / peak, "
+             "bytes accessed / bandwidth); HBM GB and HBM ms: the same with the bytes that "
+             "cross the HBM bus, read off the compiled program (seq2seq_jax.aot.hlo)")
   return "\n".join(out)
 
 

@@ -73,6 +73,27 @@ def test_a_dense_layer_costs_its_analytic_flops():
   assert report.flops_per_chip == 2 * rows * width * features
   # Reads the operands and writes the product at least once.
   assert report.bytes_accessed_per_chip >= 4 * (rows * width + width * features + rows * features)
+  # HBM traffic read off the compiled HLO: the operands read and the product written once.
+  ideal = 4 * (rows * width + width * features + rows * features)
+  assert ideal <= report.hbm_traffic_per_chip <= 1.05 * ideal
+
+
+def test_hbm_traffic_counts_a_prefetched_weight_once_and_loops_by_their_trips():
+  width, layers = 1024, 4
+  target = aot.parse_target("v5e-1")
+  replicated = NamedSharding(aot.target_mesh(target), P())
+
+  def chain(w_LDD, x_BD):  # a loop over layers, each a prefetched weight
+    return jax.lax.fori_loop(0, layers, lambda i, x: jnp.tanh(x @ w_LDD[i]), x_BD)
+
+  w = jax.ShapeDtypeStruct((layers, width, width), jnp.float32, sharding=replicated)
+  x = jax.ShapeDtypeStruct((32, width), jnp.float32, sharding=replicated)
+  program = aot.Program("chain", jax.jit(chain), (w, x), 32, width, 0, {})
+  report = aot.compile_program(program, target)
+  weights = 4 * layers * width * width
+  assert weights <= report.hbm_traffic_per_chip <= 1.1 * weights
+  # "bytes accessed" counts one trip of the loop only: a quarter of the weights.
+  assert report.loops_counted_once
 
 
 def test_fsdp_holds_a_quarter_of_the_arguments_and_no_more_temporaries():
