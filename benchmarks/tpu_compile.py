@@ -286,8 +286,16 @@ def main() -> None:
   parser.add_argument("--tolerance", type=float, default=0.125,
                       help="largest batch to within this fraction (default %(default)s)")
   parser.add_argument("--redo", action="store_true", help="recompile what --out already holds")
+  parser.add_argument("--names", default="",
+                      help="only these presets and published models (comma-separated)")
+  parser.add_argument("--targets", default="", help="only these targets (comma-separated)")
   args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
+  for flag, keys in ((args.names, ("train_presets", "sharding_presets", "published")),
+                     (args.targets, ("train_targets", "sharding_targets"))):
+    wanted = [name.strip() for name in flag.split(",") if name.strip()]
+    for key in keys if wanted else ():
+      s[key] = [name for name in s[key] if name in wanted]
   results = Results(args.out, args.redo)
   start = time.perf_counter()
   sections = [name.strip() for name in args.sections.split(",") if name.strip()]
