@@ -289,10 +289,13 @@ def main() -> None:
   parser.add_argument("--names", default="",
                       help="only these presets and published models (comma-separated)")
   parser.add_argument("--targets", default="", help="only these targets (comma-separated)")
+  parser.add_argument("--shardings", default="",
+                      help=f"only these shardings (comma-separated; of {', '.join(SHARDINGS)})")
   args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
   for flag, keys in ((args.names, ("train_presets", "sharding_presets", "published")),
-                     (args.targets, ("train_targets", "sharding_targets"))):
+                     (args.targets, ("train_targets", "sharding_targets")),
+                     (args.shardings, ("shardings",))):
     wanted = [name.strip() for name in flag.split(",") if name.strip()]
     for key in keys if wanted else ():
       s[key] = [name for name in s[key] if name in wanted]
