@@ -9,9 +9,11 @@ which overstates the time of a step whose cost is reading weights once. Here eve
 top-level operation of the compiled HLO counts only its operands and results that
 live in HBM (no memory-space annotation, or ``S(0)``); a prefetch counts the HBM
 bytes it reads; a loop's body counts as many times as its known trip count. An
-update made in place (a ``dynamic-update-slice`` whose buffer is its result) counts
-the update, not the buffer. A lower bound on HBM traffic under the compiler's own
-placement; an operation that re-reads an HBM operand (tiling) counts it once.
+operand read only through slices or gathers (one layer of a stacked cache, the rows of
+an embedding table) counts what they take; an update made in place (a
+``dynamic-update-slice`` whose buffer is its result) counts the update, not the buffer.
+A lower bound on HBM traffic under the compiler's own placement; an operation that
+re-reads an HBM operand (tiling) counts it once.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "afte
          "partition-id", "replica-id", "copy-done", "slice-done", "all-gather-done",
          "all-reduce-done", "collective-permute-done", "send-done", "recv-done", "iota",
          "opt-barrier", "add-dependency"}
+# Operations that read only part of their first operand.
+_SLICING = {"slice", "dynamic-slice", "gather"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +62,7 @@ class _Instruction:
   op: str
   operands: list[str]
   attributes: str
+  attributes_and_operands: str = ""
 
 
 def _split_type(rest: str) -> tuple[str, str]:
@@ -90,7 +95,8 @@ def _parse(line: str) -> _Instruction | None:
       end = i
       break
   operands = re.findall(r"%([\w.\-]+)", rest[op_match.end():end])
-  return _Instruction(name, type_text, op_match.group(1), operands, rest[end + 1:])
+  return _Instruction(name, type_text, op_match.group(1), operands, rest[end + 1:],
+                      rest[op_match.end() - 1:])
 
 
 def computations(text: str) -> tuple[dict[str, list[str]], str | None]:
@@ -117,6 +123,11 @@ class Traffic:
 
   hbm_bytes: float
   unknown_trips: int
+  by_instruction: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def largest(self, count: int = 10) -> list[tuple[str, float]]:
+    """The ``count`` instructions that move the most HBM bytes (loops' trips included)."""
+    return sorted(self.by_instruction.items(), key=lambda item: -item[1])[:count]
 
 
 def hbm_traffic(text: str) -> Traffic:
@@ -125,11 +136,41 @@ def hbm_traffic(text: str) -> Traffic:
   if entry is None:
     return Traffic(0.0, 0)
   unknown = 0
+  by_instruction: dict[str, float] = {}
 
-  def in_place_update(instruction: _Instruction) -> bool:
+  def fusion_bytes(instruction: _Instruction, types: dict[str, str]) -> float:
+    """HBM bytes of a fusion: an operand read only through slices or gathers inside it
+    counts the slices; a buffer that a dynamic-update-slice inside it updates in place
+    counts the update, read and written, instead of the buffer."""
     called = re.search(r"calls=%([\w.\-]+)", instruction.attributes)
-    body = found.get(called.group(1), []) if called else []
-    return any(" dynamic-update-slice(" in line for line in body)
+    body = [i for i in map(_parse, found.get(called.group(1), []) if called else []) if i]
+    parameters = {int(m.group(1)): i.name for i in body if i.op == "parameter"
+                  for m in [re.match(r"\((\d+)\)", i.attributes_and_operands)] if m}
+    inner_types = {i.name: i.type_text for i in body}
+    users: dict[str, list[_Instruction]] = {}
+    for inner in body:
+      for operand in inner.operands:
+        users.setdefault(operand, []).append(inner)
+    updated = {inner.operands[0]: inner for inner in body
+               if inner.op == "dynamic-update-slice" and len(inner.operands) > 1}
+    results = [a.bytes for a in arrays(instruction.type_text) if a.in_hbm]
+    total = 0.0
+    for index, operand in enumerate(instruction.operands):
+      operand_arrays = [a for a in arrays(types.get(operand, "")) if a.in_hbm]
+      if not operand_arrays:
+        continue
+      size = sum(a.bytes for a in operand_arrays)
+      inner_name = parameters.get(index)
+      inner_users = users.get(inner_name, []) if inner_name else []
+      if inner_name in updated and size in results:
+        results.remove(size)  # written in place: the update only
+        update = updated[inner_name].operands[1]
+        total += 2 * sum(a.bytes for a in arrays(inner_types.get(update, "")))
+      elif inner_users and all(u.op in _SLICING for u in inner_users):
+        total += sum(a.bytes for u in inner_users for a in arrays(u.type_text))
+      else:
+        total += size
+    return total + sum(results)
 
   def walk(name: str, trips: float) -> float:
     nonlocal unknown
@@ -164,22 +205,22 @@ def hbm_traffic(text: str) -> Traffic:
         source_in_hbm = any(a.in_hbm for a in operand_arrays)
         if destination is not None and (source_in_hbm or destination.in_hbm):
           total += trips * destination.bytes
+          by_instruction[instruction.name] = trips * destination.bytes
         continue
       if op == "custom-call" and "ConcatBitcast" in instruction.attributes:
         continue
-      read = sum(a.bytes for a in operand_arrays if a.in_hbm)
       written = sum(a.bytes for a in result_arrays if a.in_hbm)
-      if op in ("fusion", "dynamic-update-slice") and (op == "dynamic-update-slice"
-                                                       or in_place_update(instruction)):
-        # The buffer updated in place is read and written only where updated: count the
-        # other operands (the update) twice instead of the buffer.
-        hbm_results = [a.bytes for a in result_arrays if a.in_hbm]
-        buffer = max(hbm_results, default=0)
-        if buffer and any(a.in_hbm and a.bytes == buffer for a in operand_arrays):
-          others = sum(a.bytes for a in operand_arrays if a.in_hbm) - buffer
-          total += trips * 2 * others
-          continue
-      total += trips * (read + written)
+      if op == "fusion":
+        moved = fusion_bytes(instruction, types)
+      elif op in _SLICING:  # reads only what it takes
+        moved = written + (sum(a.bytes for a in result_arrays)
+                           if any(a.in_hbm for a in operand_arrays[:1]) else 0)
+      elif op == "dynamic-update-slice" and written and operand_arrays[0].in_hbm:
+        moved = 2 * operand_arrays[1].bytes if len(operand_arrays) > 1 else 0
+      else:
+        moved = sum(a.bytes for a in operand_arrays if a.in_hbm) + written
+      total += trips * moved
+      by_instruction[instruction.name] = trips * moved
     return total
 
-  return Traffic(walk(entry, 1.0), unknown)
+  return Traffic(walk(entry, 1.0), unknown, by_instruction)

@@ -96,6 +96,30 @@ def test_hbm_traffic_counts_a_prefetched_weight_once_and_loops_by_their_trips():
   assert report.loops_counted_once
 
 
+def test_hbm_traffic_counts_the_rows_a_gather_or_a_slice_takes_and_the_update_written():
+  target = aot.parse_target("v5e-1")
+  replicated = NamedSharding(aot.target_mesh(target), P())
+  table = jax.ShapeDtypeStruct((262144, 512), jnp.float32, sharding=replicated)
+  cache = jax.ShapeDtypeStruct((4, 256, 128, 512), jnp.bfloat16, sharding=replicated)
+  ids = jax.ShapeDtypeStruct((256,), jnp.int32, sharding=replicated)
+
+  def step(table_VD, cache_LBSD, ids_B):
+    x_BD = jnp.take(table_VD, ids_B, axis=0)  # 256 rows of 262,144 (512 MB)
+    layer_BSD = cache_LBSD[1].astype(jnp.float32)  # one layer of four
+    out_BD = jnp.einsum("bd,bsd->bd", x_BD, layer_BSD)
+    cache_LBSD = cache_LBSD.at[1, :, 7].set(out_BD.astype(jnp.bfloat16))  # in place
+    return out_BD, cache_LBSD
+
+  program = aot.Program("gathers", jax.jit(step, donate_argnums=1), (table, cache, ids), 256,
+                        128, 0, {})
+  report = aot.compile_program(program, target)
+  layer = 256 * 128 * 512 * 2
+  # One layer of the cache read, the rows gathered, the product and the update written:
+  # neither the table (too large to prefetch whole, as the compiler does with a 64 MB
+  # one) nor the other three layers.
+  assert layer <= report.hbm_traffic_per_chip <= 1.5 * layer, report.hbm_traffic_per_chip
+
+
 def test_fsdp_holds_a_quarter_of_the_arguments_and_no_more_temporaries():
   replicated = aot.compile_report(_sizes(), "v5e:2x2", "train", rows=64, length=32)
   fsdp = aot.compile_report(_sizes(**{"train.parameter_sharding": "fsdp"}), "v5e:2x2", "train",
