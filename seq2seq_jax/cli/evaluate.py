@@ -1,0 +1,136 @@
+"""Translates an evaluation split of the run's corpus (or any --sources / --references files) and
+prints detokenized sacreBLEU BLEU and chrF; for Multi30k also BLEU against the official
+lowercased, tokenized references. Writes eval-SPLIT-STEP-METHOD.json and the hypotheses into
+WORKDIR/eval/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+from typing import Any
+
+from seq2seq_jax.cli import flags
+
+HELP = "translate a split and score it with sacreBLEU (BLEU, chrF)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  flags.add_decode_flags(parser)
+  parser.add_argument("--split", default=None,
+                      help="split of the run's corpus, e.g. val, test_2016_flickr, or several "
+                           "separated by commas (one model load for all); default: the run's "
+                           "data.eval_split")
+  data = parser.add_argument_group(
+      "corpus of a --pretrained checkpoint (a --workdir run uses its own); --source-lang and "
+      "--target-lang are also the language codes of multilingual checkpoints")
+  flags.add_data_flags(data)
+  parser.add_argument("--sources", default=None, metavar="FILE",
+                      help="score these source sentences instead of a split (with --references)")
+  parser.add_argument("--references", default=None, metavar="FILE",
+                      help="reference translations of --sources, line by line")
+  parser.add_argument("--max-sentences", type=int, default=0, help="only the first N (0 = all)")
+  parser.add_argument("--show", type=int, default=0, metavar="N",
+                      help="also print N source / hypothesis / reference triples")
+
+
+def run(args: argparse.Namespace) -> int:
+  if (args.sources is None) != (args.references is None):
+    raise ValueError("--sources and --references go together: give both files, or neither to "
+                     "evaluate a split of the run's corpus")
+  translator = flags.translator(args)
+  if translator.config is None:  # a pretrained checkpoint: the corpus flags say what to read
+    from seq2seq_jax import configs
+    translator.config = configs.ExperimentConfig(
+        model=translator.model.config, data=flags.data_config(args),
+        decode=translator.decode_config)
+  config = translator.config
+  if args.sources:
+    sources, references = _read_lines(args.sources), _read_lines(args.references)
+    if len(sources) != len(references):
+      raise ValueError(f"{args.sources} has {len(sources)} lines but {args.references} has "
+                       f"{len(references)}: they must be aligned line by line")
+    _evaluate_one(args, translator, pathlib.Path(args.sources).name, sources, references)
+    return 0
+  from seq2seq_jax.data import pipeline
+  splits = [s.strip() for s in (args.split or config.data.eval_split).split(",") if s.strip()]
+  texts = {split: pipeline.load_eval_text(config.data, split) for split in splits}  # fail early
+  for split, text in texts.items():
+    _evaluate_one(args, translator, split, text.sources, text.references)
+  return 0
+
+
+def _read_lines(path: str) -> list[str]:
+  from seq2seq_jax.data import text_files
+  return text_files.decode_lines(text_files.read_bytes(path), path)
+
+
+def _tokenized_references(data_config, split: str) -> pathlib.Path | None:
+  """Multi30k's official ``tok/{split}.lc.norm.tok.{lang}`` beside a local ``raw/`` copy."""
+  if data_config.dataset != "multi30k" or not data_config.manual_dir:
+    return None
+  path = (pathlib.Path(data_config.manual_dir).expanduser().parent / "tok"
+          / f"{split}.lc.norm.tok.{data_config.target_lang}")
+  return path if path.is_file() else None
+
+
+def _languages(translator: Any, source: str | None, target: str | None) -> dict[str, str | None]:
+  """Language codes for a multilingual checkpoint's tokenizer; none for the others."""
+  if getattr(translator.tokenizer, "languages", ()):
+    return {"source_lang": source, "target_lang": target}
+  return {}
+
+
+def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources: list[str],
+                  references: list[str]) -> None:
+  """Translates, scores, prints and writes eval-SPLIT-STEP-METHOD.{json,txt} for one set."""
+  from seq2seq_jax import evaluation
+
+  config = translator.config
+  limit = args.max_sentences or len(sources)
+  sources, references = sources[:limit], references[:limit]
+  decode = translator.decode_config
+  beam_size = args.beam_size if args.beam_size is not None else (
+      decode.beam_size if decode.method == "beam" else 1)
+  alpha = args.alpha if args.alpha is not None else decode.alpha
+  start = time.perf_counter()
+  hypotheses = translator.translate(
+      sources, beam_size=beam_size, alpha=alpha, max_decode_len=args.max_decode_len,
+      **_languages(translator, config.data.source_lang, config.data.target_lang),
+      **flags.decode_options(args))
+  seconds = time.perf_counter() - start
+  scores = [evaluation.corpus_bleu(hypotheses, references),
+            evaluation.corpus_chrf(hypotheses, references)]
+  tokenized = None if args.sources or args.max_sentences else _tokenized_references(config.data,
+                                                                                    split)
+  if tokenized is not None:
+    scores.append(evaluation.moses_tokenized_bleu(hypotheses, _read_lines(str(tokenized)),
+                                                  lang=config.data.target_lang))
+  method = "greedy" if beam_size == 1 else f"beam{beam_size}-alpha{alpha:g}"
+  pair = f"{config.data.source_lang}->{config.data.target_lang}"
+  checkpoint = translator.step if translator.step is not None else "pretrained"
+  print(f"{split} ({pair}, {len(sources)} sentences, checkpoint {checkpoint}, {method}, "
+        f"{seconds:.1f} s):")
+  for score in scores:
+    print(f"  {score}")
+  for i in range(min(args.show, len(sources))):
+    print(f"\n  source:     {sources[i]}\n  hypothesis: {hypotheses[i]}\n"
+          f"  reference:  {references[i]}")
+  out_dir = pathlib.Path(args.workdir or ".") / "eval"
+  out_dir.mkdir(parents=True, exist_ok=True)
+  name = f"eval-{split}-{checkpoint}-{method}"
+  (out_dir / f"{name}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+  record = {
+      "split": split, "pair": pair, "sentences": len(sources), "checkpoint_step": translator.step,
+      "pretrained": args.pretrained,
+      "decode": {"method": "greedy" if beam_size == 1 else "beam", "beam_size": beam_size,
+                 "alpha": alpha, "max_decode_len": args.max_decode_len
+                 or translator.max_decode_len(decode), **flags.decode_options(args),
+                 "ensemble": list(getattr(args, "ensemble", []))},
+      "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}
+                 for s in scores},
+      "tokenized_references": str(tokenized) if tokenized else None,
+      "seconds": seconds, "hypotheses_file": str(out_dir / f"{name}.txt")}
+  (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
