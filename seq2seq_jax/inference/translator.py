@@ -8,8 +8,9 @@ Example:
   (2, True)
   >>> translator.translate(["Ein Hund läuft."], beam_size=4, alpha=0.6) == two[:1]  # alone
   True
-  >>> translator.translate_file("corpus.de", "corpus.en").lines  # a file, resumable
-  40
+
+Whole files, resumable, in bounded memory: ``inference.translate_file(translator, ...)``
+(``inference/files.py``), which builds on this class.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class DecodedBatch:
 
 
 class Translator:
-  """Translates lists of sentences (or whole files) with a trained model.
+  """Translates lists of sentences with a trained model (whole files: ``translate_file``).
 
   Sources are sorted by length and cut into batches; each batch is padded to one
   of a few bucket lengths and row counts, so a whole corpus compiles a handful of
@@ -486,12 +487,6 @@ class Translator:
       for j, text in zip(decoded.batch.indices, texts):
         outputs[todo[j]] = text
     return outputs
-
-  def translate_file(self, input_path: str | os.PathLike | None,
-                     output_path: str | os.PathLike | None, **kwargs):
-    """Translates a file line by line into another: ``inference.translate_file(self, ...)``."""
-    from seq2seq_jax.inference.files import translate_file  # pylint: disable=import-outside-toplevel
-    return translate_file(self, input_path, output_path, **kwargs)
 
   # ---- forced decoding -----------------------------------------------------------------------
   def encode_targets(self, targets: Sequence[str], target_lang: str | None = None, *,
