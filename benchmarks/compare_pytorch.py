@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -356,15 +357,11 @@ def main() -> None:
     versions["ctranslate2"] = ctranslate2.__version__
   except ImportError:
     pass
-  path = benchmarking.write_json(args.out, {"benchmark": "compare_pytorch", "settings": s,
-                                            "versions": versions,
-                                            "threshold_malloc": THRESHOLD_MALLOC, "rows": rows})
-  print(f"wrote {path}")
-  if args.plot:
-    benchmarking.plot_rates_by_task(
-        rows, args.plot,
-        xlabel=lambda task: "target tokens / s" if task == "train" else "generated tokens / s")
-    print(f"wrote {args.plot}")
+  benchmarking.report(args, {"benchmark": "compare_pytorch", "settings": s, "versions": versions,
+                             "threshold_malloc": THRESHOLD_MALLOC, "rows": rows},
+                      plot=functools.partial(benchmarking.plot_rates_by_task, xlabel=lambda task:
+                                             "target tokens / s" if task == "train"
+                                             else "generated tokens / s"))
 
 
 if __name__ == "__main__":

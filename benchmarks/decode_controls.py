@@ -15,9 +15,7 @@ ensemble row runs two T-small members.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +25,6 @@ from seq2seq_jax import (DecodeConfig, Ensemble, TransformerConfig, benchmarking
                          ensemble_params)
 from seq2seq_jax.decoding import generate
 
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def settings(quick: bool, vocab_size: int) -> dict:
@@ -69,9 +66,7 @@ def systems(length: int, vocab: int, batch: int, rng: np.random.Generator) -> di
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "decode_controls.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--vocab-size", type=int, default=8000,
                       help="the model's vocabulary (58101: OPUS-MT de-en's); not in quick mode")
   args = benchmarking.parse_args(parser)
@@ -108,13 +103,8 @@ def main() -> None:
         "output tokens each (EOS suppressed)")
   print(benchmarking.format_table(rows, ["task", "system", "median_s", "ratio", "tokens/s",
                                          "compile_s"]))
-  path = benchmarking.write_json(args.out, {"benchmark": "decode_controls",
-                                            "model": config.__dict__, "batch": batch,
-                                            "length": length, "rows": rows})
-  print(f"wrote {path}")
-  if args.plot:
-    benchmarking.plot_rates_by_task(rows, args.plot)
-    print(f"wrote {args.plot}")
+  benchmarking.report(args, {"benchmark": "decode_controls", "model": config.__dict__,
+                             "batch": batch, "length": length, "rows": rows})
 
 
 if __name__ == "__main__":

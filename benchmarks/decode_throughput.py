@@ -13,7 +13,6 @@ of the length, so long outputs run small batches and its beam search runs only a
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 
 import jax
@@ -23,7 +22,6 @@ import numpy as np
 from seq2seq_jax import DecodeConfig, TransformerConfig, benchmarking, build_model
 from seq2seq_jax.decoding import generate, generate_uncached
 
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def settings(quick: bool) -> dict:
@@ -40,11 +38,7 @@ def settings(quick: bool) -> dict:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path,
-                      default=HERE / "results" / "decode_throughput.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
-  args = benchmarking.parse_args(parser)
+  args = benchmarking.parse_args(benchmarking.argument_parser(__file__, __doc__))
   s = settings(benchmarking.quick_mode())
   config = s["config"]
   model = benchmarking.SuppressEOS(build_model(config))
@@ -86,35 +80,24 @@ def main() -> None:
         f"{config.vocab_size}, sources of {s['source_len']} tokens, EOS suppressed")
   print(benchmarking.format_table(rows, ["length", "method", "decoder", "batch", "sentences/s",
                                          "tokens/s", "speedup", "median_s", "compile_s"]))
-  path = benchmarking.write_json(args.out, {"benchmark": "decode_throughput",
-                                            "model": config.__dict__, "rows": rows})
-  print(f"wrote {path}")
-  if args.plot:
-    plot(rows, args.plot)
-    print(f"wrote {args.plot}")
+  benchmarking.report(args, {"benchmark": "decode_throughput", "model": config.__dict__,
+                             "rows": rows}, plot=plot)
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
-  import matplotlib  # noqa: PLC0415 (plots are optional)
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for method in ("greedy", "beam4"):
-    for decoder, style in (("cached", "-o"), ("uncached", "--s")):
-      points = [(r["length"], r["tokens/s"]) for r in rows
-                if r["method"] == method and r["decoder"] == decoder]
-      if points:
-        ax.plot(*zip(*points), style, label=f"{method} {decoder}")
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
-  ax.set_xlabel("output tokens per sentence")
-  ax.set_ylabel("generated tokens / s")
-  ax.set_title("cached vs uncached decoding")
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  with benchmarking.saved_figure(path) as (ax,):
+    for method in ("greedy", "beam4"):
+      for decoder, style in (("cached", "-o"), ("uncached", "--s")):
+        points = [(r["length"], r["tokens/s"]) for r in rows
+                  if r["method"] == method and r["decoder"] == decoder]
+        if points:
+          ax.plot(*zip(*points), style, label=f"{method} {decoder}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("output tokens per sentence")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title("cached vs uncached decoding")
+    ax.legend()
 
 
 if __name__ == "__main__":

@@ -18,13 +18,11 @@ the machine's threads.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import tempfile
 
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def settings(quick: bool) -> dict:
@@ -40,10 +38,7 @@ def settings(quick: bool) -> dict:
 def main() -> None:
   from seq2seq_jax import benchmarking  # noqa: PLC0415
 
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path,
-                      default=HERE / "results" / "pretrained_opus_mt.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--rounds", type=int, default=None,
                       help="alternated rounds per task (default 3; 2 in quick mode)")
   args = benchmarking.parse_args(parser)
@@ -146,16 +141,12 @@ def main() -> None:
   print("greedy agreement:", json.dumps(agreement))
   print(benchmarking.format_table(rows, ["task", "system", "tokens/s", "tokens/s min",
                                          "tokens/s max", "ours/system"]))
-  path = benchmarking.write_json(args.out, {
+  benchmarking.report(args, {
       "benchmark": "pretrained_opus_mt", "settings": {**s, "sentences": {str(k): v for k, v in
                                                                         s["sentences"].items()}},
       "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                    "ctranslate2": ctranslate2.__version__},
       "agreement": agreement, "rows": rows})
-  print(f"wrote {path}")
-  if args.plot:
-    benchmarking.plot_rates_by_task(rows, args.plot)
-    print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":

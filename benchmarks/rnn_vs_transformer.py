@@ -12,12 +12,10 @@ timed alternately at each length.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 
 from seq2seq_jax import RNNConfig, TransformerConfig, benchmarking
 
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def settings(quick: bool) -> dict:
@@ -38,36 +36,25 @@ def settings(quick: bool) -> dict:
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
-  import matplotlib  # noqa: PLC0415 (plots are optional)
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-
-  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-  for name, style in (("Transformer", "-o"), ("RNN", "--s")):
-    points = [r for r in rows if r["model"] == name]
-    lengths = [r["length"] for r in points]
-    left.plot(lengths, [r["step_ms"] for r in points], style, label=name)
-    right.plot(lengths, [r["tokens/s"] for r in points], style, label=name)
-  for ax in (left, right):
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("source = target length")
-    ax.legend()
-  left.set_ylabel("training step (ms)")
-  left.set_title("step time against length")
-  right.set_ylabel("target tokens / s")
-  right.set_title("throughput against length")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  with benchmarking.saved_figure(path, columns=2, size=(10, 4)) as (left, right):
+    for name, style in (("Transformer", "-o"), ("RNN", "--s")):
+      points = [r for r in rows if r["model"] == name]
+      lengths = [r["length"] for r in points]
+      left.plot(lengths, [r["step_ms"] for r in points], style, label=name)
+      right.plot(lengths, [r["tokens/s"] for r in points], style, label=name)
+    for ax in (left, right):
+      ax.set_xscale("log", base=2)
+      ax.set_yscale("log")
+      ax.set_xlabel("source = target length")
+      ax.legend()
+    left.set_ylabel("training step (ms)")
+    left.set_title("step time against length")
+    right.set_ylabel("target tokens / s")
+    right.set_title("throughput against length")
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path,
-                      default=HERE / "results" / "rnn_vs_transformer.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
-  args = benchmarking.parse_args(parser)
+  args = benchmarking.parse_args(benchmarking.argument_parser(__file__, __doc__))
   s = settings(benchmarking.quick_mode())
   rows = []
   for length in s["lengths"]:
@@ -90,13 +77,10 @@ def main() -> None:
   print(benchmarking.format_table(rows, ["length", "model", "batch", "step_ms", "tokens/s",
                                          "MFLOP/token", "GFLOP/s", "rnn/transformer",
                                          "compile_s"]))
-  path = benchmarking.write_json(args.out, {
+  benchmarking.report(args, {
       "benchmark": "rnn_vs_transformer",
-      "models": {name: config.__dict__ for name, config in s["models"].items()}, "rows": rows})
-  print(f"wrote {path}")
-  if args.plot:
-    plot(rows, args.plot)
-    print(f"wrote {args.plot}")
+      "models": {name: config.__dict__ for name, config in s["models"].items()}, "rows": rows},
+      plot=plot)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,10 @@ reaches on this machine, measured here before and after the models.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 
 from seq2seq_jax import RNNConfig, TransformerConfig, benchmarking
 
-HERE = pathlib.Path(__file__).resolve().parent
 
 
 def workloads(quick: bool) -> list[dict]:
@@ -60,27 +58,18 @@ def measure(workload: dict, *, repeats: int, peak: float) -> dict:
 
 
 def plot(rows: list[dict], path: pathlib.Path, peak: float) -> None:
-  import matplotlib  # noqa: PLC0415 (plots are optional)
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-
-  fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-  names = [r["model"] for r in rows]
-  left.bar(names, [r["tokens/s"] for r in rows], color="tab:blue")
-  left.set_ylabel("target tokens / s")
-  left.set_title("training throughput")
-  right.bar(names, [100 * r["MFU"] for r in rows], color="tab:orange")
-  right.set_ylabel(f"% of matmul peak ({peak / 1e9:.0f} GFLOP/s)")
-  right.set_title("model FLOP utilisation")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  with benchmarking.saved_figure(path, columns=2, size=(9, 3.5)) as (left, right):
+    names = [r["model"] for r in rows]
+    left.bar(names, [r["tokens/s"] for r in rows], color="tab:blue")
+    left.set_ylabel("target tokens / s")
+    left.set_title("training throughput")
+    right.bar(names, [100 * r["MFU"] for r in rows], color="tab:orange")
+    right.set_ylabel(f"% of matmul peak ({peak / 1e9:.0f} GFLOP/s)")
+    right.set_title("model FLOP utilisation")
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "train_throughput.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--repeats", type=int, default=None)
   args = benchmarking.parse_args(parser)
   quick = benchmarking.quick_mode()
@@ -99,13 +88,9 @@ def main() -> None:
   print(benchmarking.format_table(rows, ["model", "batch", "length", "step_ms", "tokens/s",
                                          "MFLOP/token", "GFLOP/s", "MFU", "compile_s",
                                          "flops_from"]))
-  path = benchmarking.write_json(args.out, {
+  benchmarking.report(args, {
       "benchmark": "train_throughput", "peak_flops": peak, "peak_before": peak_before,
-      "peak_after": peak_after, "rows": rows})
-  print(f"wrote {path}")
-  if args.plot:
-    plot(rows, args.plot, peak)
-    print(f"wrote {args.plot}")
+      "peak_after": peak_after, "rows": rows}, plot=lambda rows, path: plot(rows, path, peak))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ is what grows.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import itertools
 import json
 import os
@@ -104,9 +104,7 @@ def write_lines(path: pathlib.Path, lines: list[str], count: int) -> pathlib.Pat
 def main() -> None:
   from seq2seq_jax import benchmarking  # noqa: PLC0415
 
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "translate_file.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--corpus", type=pathlib.Path, default=CORPUS,
                       help="Multi30k raw folder (train.de, train.en; default: %(default)s)")
   args = benchmarking.parse_args(parser)
@@ -259,16 +257,13 @@ def main() -> None:
   print("identical output lines:", json.dumps(agreement))
   print("peak resident memory (MB):", json.dumps({k: round(v) for k, v in memory.items()}))
   print("ratios:", json.dumps(ratios, indent=1))
-  path = benchmarking.write_json(args.out, {
+  benchmarking.report(args, {
       "benchmark": "translate_file", "settings": s, "rows": rows, "agreement": agreement,
       "peak_rss_mb": memory, "ratios": ratios,
       "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                   "ctranslate2": ctranslate2.__version__}})
-  print(f"wrote {path}")
-  if args.plot:
-    benchmarking.plot_rates_by_task(rows, args.plot, rate_key="sentences/s",
-                                    xlabel=lambda task: "sentences / s, file to file")
-    print(f"wrote {args.plot}")
+                   "ctranslate2": ctranslate2.__version__}},
+      plot=functools.partial(benchmarking.plot_rates_by_task, rate_key="sentences/s",
+                             xlabel=lambda task: "sentences / s, file to file"))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -27,7 +28,7 @@ import pathlib
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -44,6 +45,22 @@ QUICK_ENV = "SEQ2SEQ_JAX_QUICK"
 def quick_mode() -> bool:
   """True when ``SEQ2SEQ_JAX_QUICK`` is set to 1/true/yes: benchmarks shrink to CI size."""
   return os.environ.get(QUICK_ENV, "").lower() in ("1", "true", "yes")
+
+
+def argument_parser(script: str, doc: str | None) -> argparse.ArgumentParser:
+  """A benchmark script's flags: ``--out`` (default ``results/NAME.json`` beside the
+  script) and ``--plot``; the script adds its own, then calls ``parse_args``.
+
+  Args:
+    script: the script's ``__file__``; its name is the benchmark's.
+    doc: its ``__doc__``, whose first line describes it in ``--help``.
+  """
+  path = pathlib.Path(script).resolve()
+  parser = argparse.ArgumentParser(description=(doc or path.stem).splitlines()[0])
+  parser.add_argument("--out", type=pathlib.Path,
+                      default=path.parent / "results" / f"{path.stem}.json")
+  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  return parser
 
 
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
@@ -441,20 +458,45 @@ def plot_rates_by_task(rows: Sequence[Mapping[str, Any]], path: str | os.PathLik
                        rate_key: str = "tokens/s",
                        xlabel: Callable[[str], str] = lambda task: "generated tokens / s") -> None:
   """One horizontal bar chart per ``row["task"]``: ``row[rate_key]`` of each ``row["system"]``."""
-  import matplotlib  # noqa: PLC0415 (plots are optional)
+  tasks = list(dict.fromkeys(r["task"] for r in rows))
+  with saved_figure(path, columns=len(tasks), size=(3.8 * len(tasks), 3.4)) as axes:
+    for ax, task in zip(axes, tasks):
+      points = [r for r in rows if r["task"] == task]
+      ax.barh([r["system"] for r in points], [r[rate_key] for r in points])
+      ax.set_title(task)
+      ax.set_xlabel(xlabel(task))
+
+
+@contextlib.contextmanager
+def saved_figure(path: str | os.PathLike, *, columns: int = 1,
+                 size: tuple[float, float] = (6, 4)) -> Iterator[Sequence[Any]]:
+  """Yields a row of ``columns`` matplotlib axes; on leaving, saves the figure to ``path``
+  (PNG, 120 dpi) and closes it. matplotlib is imported only here: plots are optional."""
+  import matplotlib  # noqa: PLC0415
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
-  tasks = list(dict.fromkeys(r["task"] for r in rows))
-  fig, axes = plt.subplots(1, len(tasks), figsize=(3.8 * len(tasks), 3.4), squeeze=False)
-  for ax, task in zip(axes[0], tasks):
-    points = [r for r in rows if r["task"] == task]
-    ax.barh([r["system"] for r in points], [r[rate_key] for r in points])
-    ax.set_title(task)
-    ax.set_xlabel(xlabel(task))
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  fig, axes = plt.subplots(1, columns, figsize=size, squeeze=False)
+  try:
+    yield list(axes[0])
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+  finally:
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace, payload: Mapping[str, Any], *,
+           plot: Callable[[Sequence[Mapping[str, Any]], pathlib.Path], None] | None = None
+           ) -> pathlib.Path:
+  """The ending every benchmark script shares: ``payload`` as JSON at ``args.out``
+  (``write_json``) and, when ``--plot`` was given, ``plot(payload["rows"], args.plot)``
+  (default ``plot_rates_by_task``); prints where each went. Returns the JSON's path."""
+  path = write_json(args.out, payload)
+  print(f"wrote {path}")
+  if getattr(args, "plot", None):
+    (plot or plot_rates_by_task)(payload["rows"], args.plot)
+    print(f"wrote {args.plot}")
+  return path
 
 
 def import_peers(out: str | os.PathLike, benchmark: str) -> tuple[Any, Any, Any] | None:

@@ -159,3 +159,23 @@ def test_table_and_json(tmp_path):
   payload = json.loads(path.read_text())
   assert payload["rows"] == rows
   assert payload["machine"]["backend"] == jax.default_backend()
+
+
+def test_a_scripts_flags_and_ending(tmp_path, capsys):
+  """``argument_parser`` names the JSON after the script; ``report`` writes it and, only when
+  --plot is given, draws the rows there."""
+  script = tmp_path / "bench" / "my_bench.py"
+  parser = bm.argument_parser(str(script), "Times something.\n\nMore words.")
+  assert parser.description == "Times something."
+  args = parser.parse_args([])
+  assert args.out == script.parent / "results" / "my_bench.json" and args.plot is None
+  rows = [{"task": "t", "system": "ours", "tokens/s": 10.0},
+          {"task": "t", "system": "theirs", "tokens/s": 5.0}]
+  drawn = []
+  path = bm.report(args, {"benchmark": "my_bench", "rows": rows},
+                   plot=lambda rows, path: drawn.append((rows, path)))
+  assert json.loads(path.read_text())["rows"] == rows and drawn == []
+  args = parser.parse_args(["--out", str(tmp_path / "o.json"), "--plot", str(tmp_path / "o.png")])
+  bm.report(args, {"benchmark": "my_bench", "rows": rows})  # plot_rates_by_task by default
+  assert (tmp_path / "o.png").stat().st_size > 0
+  assert f"wrote {tmp_path / 'o.png'}" in capsys.readouterr().out
