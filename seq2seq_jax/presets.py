@@ -114,8 +114,42 @@ _RNN_ATTENTION = dict(attention="additive", cell="gru", bidirectional=True, hidd
                       num_steps=900)
 _GRU = dict(attention="none", cell="gru", bidirectional=False, hidden_dim=512, num_steps=1200)
 
+
+def _tiny_rnn(attention: str, *, bidirectional: bool) -> ExperimentConfig:
+  """Seconds per run: ``tiny_transformer``'s data and steps with a d=32 GRU encoder-decoder."""
+  return dataclasses.replace(_tiny_transformer(), model=RNNConfig(
+      vocab_size=500, cell="gru", embed_dim=16, hidden_dim=32, bidirectional=bidirectional,
+      attention=attention, dropout_rate=0.0, max_len=64))
+
+
+def _short(config: ExperimentConfig, *, model: dict[str, Any],
+           train: dict[str, Any]) -> ExperimentConfig:
+  """``config`` cut to minutes on a 2-core CPU: the notebooks' full runs (``colabs/``).
+
+  Sentences of at most 40 pieces in 2048-token batches, validation BLEU on 200
+  sentences; ``model`` and ``train`` change those sections' fields too.
+  """
+  replace = dataclasses.replace
+  return replace(
+      config, model=replace(config.model, vocab_size=3000, **model),
+      data=replace(config.data, vocab_size=3000, max_source_len=40, max_target_len=40,
+                   bucket_lengths=(16, 24, 32, 40), batch_tokens=2048),
+      train=replace(config.train, log_every=50, eval_bleu_sentences=200, eval_batches=4,
+                    **train))
+
+
+# A short run of each preset: narrower, 700-800 updates (10-20 minutes on a 2-core CPU).
+_SHORT_RNN = dict(model=dict(embed_dim=128, hidden_dim=256, dropout_rate=0.3),
+                  train=dict(num_steps=700, learning_rate=2e-3, schedule="constant",
+                             warmup_steps=0, eval_every=350, checkpoint_every=350))
+_SHORT_TRANSFORMER = dict(model=dict(model_dim=128, mlp_dim=512),
+                          train=dict(num_steps=800, learning_rate=2e-3, schedule="rsqrt",
+                                     warmup_steps=200, eval_every=400, checkpoint_every=400))
+
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "tiny_transformer": _tiny_transformer,
+    "tiny_gru": lambda: _tiny_rnn("none", bidirectional=False),
+    "tiny_rnn_attention": lambda: _tiny_rnn("additive", bidirectional=True),
     "multi30k_transformer": _multi30k_transformer,
     "multi30k_transformer_en_de": lambda: _multi30k_transformer("en", "de"),
     "multi30k_rnn_attention": lambda: _multi30k_rnn(**_RNN_ATTENTION),
@@ -123,6 +157,9 @@ PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
                                                           target_lang="de"),
     "multi30k_gru": lambda: _multi30k_rnn(**_GRU),
     "multi30k_gru_en_de": lambda: _multi30k_rnn(**_GRU, source_lang="en", target_lang="de"),
+    "multi30k_transformer_short": lambda: _short(_multi30k_transformer(), **_SHORT_TRANSFORMER),
+    "multi30k_rnn_attention_short": lambda: _short(_multi30k_rnn(**_RNN_ATTENTION), **_SHORT_RNN),
+    "multi30k_gru_short": lambda: _short(_multi30k_rnn(**_GRU), **_SHORT_RNN),
     "wmt14_transformer_base": lambda: _wmt14_transformer(big=False),
     "wmt14_transformer_big": lambda: _wmt14_transformer(big=True),
 }

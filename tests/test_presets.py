@@ -60,3 +60,37 @@ def test_bad_overrides_name_the_field(override, words):
 def test_unknown_preset_lists_the_known_ones():
   with pytest.raises(ValueError, match="multi30k_transformer"):
     presets.get_preset("wmt_giant")
+
+
+# The recipes the notebooks' committed outputs were made with (colabs/01-04, full mode),
+# as the overrides they once spelled out: the *_short presets must stay these runs.
+_NOTEBOOK_DATA = ["data.vocab_size=3000", "model.vocab_size=3000", "data.max_source_len=40",
+                  "data.max_target_len=40", "data.bucket_lengths=16,24,32,40",
+                  "data.batch_tokens=2048", "train.log_every=50", "train.eval_bleu_sentences=200",
+                  "train.eval_batches=4"]
+_NOTEBOOK_RNN = _NOTEBOOK_DATA + [
+    "model.dropout_rate=0.3", "train.learning_rate=2e-3", "train.schedule=constant",
+    "train.warmup_steps=0", "model.embed_dim=128", "model.hidden_dim=256", "train.num_steps=700",
+    "train.eval_every=350", "train.checkpoint_every=350"]
+_NOTEBOOK_TRANSFORMER = _NOTEBOOK_DATA + [
+    "train.learning_rate=2e-3", "train.schedule=rsqrt", "model.model_dim=128",
+    "model.mlp_dim=512", "train.num_steps=800", "train.warmup_steps=200",
+    "train.eval_every=400", "train.checkpoint_every=400"]
+
+
+@pytest.mark.parametrize("short, base, overrides", [
+    ("multi30k_gru_short", "multi30k_gru", _NOTEBOOK_RNN),
+    ("multi30k_rnn_attention_short", "multi30k_rnn_attention", _NOTEBOOK_RNN),
+    ("multi30k_transformer_short", "multi30k_transformer", _NOTEBOOK_TRANSFORMER),
+])
+def test_short_presets_are_the_notebooks_runs(short, base, overrides):
+  expected = presets.apply_overrides(presets.get_preset(base), overrides)
+  assert presets.get_preset(short) == expected
+
+
+def test_tiny_rnn_presets_differ_only_in_the_model():
+  tiny = presets.get_preset("tiny_transformer")
+  for name, attention in (("tiny_gru", "none"), ("tiny_rnn_attention", "additive")):
+    config = presets.get_preset(name)
+    assert config.model.attention == attention and config.model_kind == "rnn"
+    assert (config.data, config.train, config.decode) == (tiny.data, tiny.train, tiny.decode)
