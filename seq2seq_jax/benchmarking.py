@@ -42,9 +42,11 @@ from seq2seq_jax.types import EOS_ID, NEG_INF, PAD_ID, Array, PyTree
 QUICK_ENV = "SEQ2SEQ_JAX_QUICK"
 
 
-def quick_mode() -> bool:
-  """True when ``SEQ2SEQ_JAX_QUICK`` is set to 1/true/yes: benchmarks shrink to CI size."""
-  return os.environ.get(QUICK_ENV, "").lower() in ("1", "true", "yes")
+def quick_mode(environ: Mapping[str, str] | None = None) -> bool:
+  """True when ``SEQ2SEQ_JAX_QUICK`` is set to 1/true/yes in ``environ`` (default:
+  ``os.environ``): benchmarks and notebooks shrink to CI size."""
+  return (os.environ if environ is None else environ).get(QUICK_ENV, "").lower() in (
+      "1", "true", "yes")
 
 
 def argument_parser(script: str, doc: str | None) -> argparse.ArgumentParser:
