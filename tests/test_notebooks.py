@@ -12,6 +12,9 @@ import importlib.util
 import os
 import pathlib
 import re
+import shutil
+import subprocess
+import sys
 import time
 
 import nbformat
@@ -173,6 +176,42 @@ def test_notebook_sources_match_the_builder(name, colabs_builder_module):
   built = colabs_builder_module.build(name)
   committed = _read(name)
   assert [c.source for c in committed.cells] == [c.source for c in built.cells]
+
+
+def _sync(directory: pathlib.Path, name: str) -> None:
+  """``jupytext --sync`` of ``name``'s pair in ``directory``, the .py the newer file."""
+  source = directory / f"{name}.py"
+  os.utime(source, (time.time() + 60, time.time() + 60))  # the .py is the source
+  subprocess.run([sys.executable, "-m", "jupytext", "--sync", "--quiet", str(source)],
+                 check=True, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_is_paired_with_its_py_source(name, tmp_path):
+  """``colabs/NAME.py`` (jupytext's percent format) holds the cells; the .ipynb is those
+  cells with the outputs of a run: ``jupytext --sync`` of the pair changes nothing."""
+  for file in (f"{name}.py", f"{name}.ipynb", "jupytext.toml"):
+    shutil.copy2(COLABS / file, tmp_path / file)
+  _sync(tmp_path, name)
+  for suffix in (".py", ".ipynb"):
+    synced = (tmp_path / f"{name}{suffix}").read_text(encoding="utf-8")
+    assert synced == (COLABS / f"{name}{suffix}").read_text(encoding="utf-8"), (
+        f"colabs/{name}{suffix} is out of step with its pair: run "
+        f"`jupytext --sync colabs/{name}.py` (see colabs/README.md)")
+
+
+def test_the_pairing_check_finds_an_edit_not_synced(tmp_path):
+  name = NAMES[0]
+  for file in (f"{name}.py", f"{name}.ipynb", "jupytext.toml"):
+    shutil.copy2(COLABS / file, tmp_path / file)
+  edited = tmp_path / f"{name}.py"
+  edited.write_text(edited.read_text(encoding="utf-8") + "\n# %%\nprint('new')\n",
+                    encoding="utf-8")
+  before = (tmp_path / f"{name}.ipynb").read_text(encoding="utf-8")
+  _sync(tmp_path, name)
+  after = nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
+  assert (tmp_path / f"{name}.ipynb").read_text(encoding="utf-8") != before
+  assert after.cells[-1].source == "print('new')"
 
 
 def _library_images(notebook) -> list[int]:
