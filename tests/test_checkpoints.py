@@ -5,8 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from seq2seq_jax.checkpoints import (CheckpointError, Checkpointer, average_checkpoints,
-                                     load_params)
+from seq2seq_jax.checkpoints import CheckpointError, Checkpointer
+from seq2seq_jax.training.restore import average_checkpoints, load_params
 from seq2seq_jax.configs import DataConfig, ExperimentConfig, RNNConfig
 from seq2seq_jax.training.optimizer import make_optimizer
 from seq2seq_jax.training.schedules import make_schedule

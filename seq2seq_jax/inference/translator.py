@@ -220,6 +220,7 @@ class Translator:
     """
     from seq2seq_jax import checkpoints
     from seq2seq_jax.models.registry import build_model
+    from seq2seq_jax.training import restore
 
     directory = pathlib.Path(workdir).expanduser() / "checkpoints"
     if not directory.is_dir():
@@ -233,7 +234,7 @@ class Translator:
       tokenizer = checkpointer.load_tokenizer(step)
     if tokenizer is None:
       raise checkpoints.CheckpointError(f"{directory}/{step} holds no tokenizer")
-    params, config = checkpoints.load_params(directory, step=step)
+    params, config = restore.load_params(directory, step=step)
     options = dict(decode_config=config.decode,
                    max_source_len=min(config.model.max_len, config.data.max_source_len),
                    bucket_lengths=config.data.bucket_lengths,

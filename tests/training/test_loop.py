@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from seq2seq_jax.checkpoints import Checkpointer, load_params
+from seq2seq_jax.checkpoints import Checkpointer
+from seq2seq_jax.training.restore import load_params
 from seq2seq_jax.data import pipeline
 from seq2seq_jax.training.loop import ConfigMismatchError, NonFiniteLossError, train
 from seq2seq_jax.training.optimizer import make_optimizer
