@@ -14,59 +14,22 @@
 # Set `SEQ2SEQ_JAX_QUICK=1` for a tiny run.*
 
 # %%
-# The repository address: written by colabs/build_notebooks.py from its REPO_URL,
-# the single place to set it (placeholder until the repository is public).
+# Installs seq2seq_jax where it is missing (a fresh Colab runtime), then starts the notebook:
+# quick mode or not, where the data and the runs are. Every notebook begins with this cell
+# (colabs/shared_cells.py writes it).
 REPO_URL = "https://github.com/YOUR-ORG/seq2seq_jax"
 
 import importlib.util
 import subprocess
 import sys
 
-if importlib.util.find_spec("seq2seq_jax") is None:  # e.g. a fresh Colab runtime
+if importlib.util.find_spec("seq2seq_jax") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
 
-# %%
-import os
-import pathlib
-import tempfile
-import time
+from seq2seq_jax import tutorial
 
-QUICK = os.environ.get("SEQ2SEQ_JAX_QUICK", "0") == "1"  # tiny sizes and a few steps (CI)
-ROOT = pathlib.Path.cwd().parent if pathlib.Path("../seq2seq_jax").is_dir() else pathlib.Path.cwd()
-SHARED = ROOT.parent / "shared" / "data"
-if SHARED.is_dir():
-  MULTI30K_DIR = str((SHARED / ("multi30k_tiny" if QUICK else "multi30k/raw")).resolve())
-else:
-  MULTI30K_DIR = ""  # empty: the Multi30k builder downloads the official files
-# Quick runs go to a fresh temporary folder; full runs to ROOT/workdirs, where a rerun of the
-# notebook finds the finished run and only reloads it.
-WORKDIRS = pathlib.Path(tempfile.mkdtemp()) if QUICK else ROOT / "workdirs"
-NOTEBOOK_START = time.time()
-print(f"quick mode: {QUICK}; data: {MULTI30K_DIR or 'download'}; runs in {WORKDIRS}")
-
-# %%
-# Full-run settings (quick mode ignores them): sized to train in minutes on a 2-core
-# CPU. On a GPU or TPU raise the steps; the presets' defaults are the full recipes.
-FULL_02 = [
-    'data.vocab_size=3000',
-    'model.vocab_size=3000',
-    'data.max_source_len=40',
-    'data.max_target_len=40',
-    'data.bucket_lengths=16,24,32,40',
-    'data.batch_tokens=2048',
-    'model.dropout_rate=0.3',
-    'train.learning_rate=2e-3',
-    'train.schedule=constant',
-    'train.warmup_steps=0',
-    'model.embed_dim=128',
-    'model.hidden_dim=256',
-    'train.num_steps=700',
-    'train.log_every=50',
-    'train.eval_every=350',
-    'train.checkpoint_every=350',
-    'train.eval_bleu_sentences=200',
-    'train.eval_batches=4',
-]
+session = tutorial.start()
+QUICK, MULTI30K_DIR, WORKDIRS = session.quick, session.multi30k_dir, session.workdirs
 
 # %% [markdown]
 # ## Additive and multiplicative scores
@@ -104,31 +67,34 @@ viz.plot_attention(np.asarray(dot_BTS[0]), ["s1", "s2", "s3", "s4", "pad"],
 #
 # The preset `multi30k_rnn_attention` is a bidirectional GRU encoder with Bahdanau's
 # additive attention (`RNNConfig(attention="additive")`; `"dot"` or `"general"` selects
-# Luong's scores, `input_feeding=True` his input feeding). It is shrunk here so that it
-# trains in minutes on a CPU.
+# Luong's scores, `input_feeding=True` his input feeding). `multi30k_rnn_attention_short`
+# makes it smaller, for a run of minutes on a CPU (in quick mode `tiny_rnn_attention`).
 
 # %%
-data_overrides = [f"data.manual_dir={MULTI30K_DIR}"]
-if QUICK:
-  overrides = ["data.vocab_size=400", "model.vocab_size=400", "model.embed_dim=32",
-               "model.hidden_dim=64", "data.batch_tokens=1024", "data.max_source_len=32",
-               "data.max_target_len=32", "data.bucket_lengths=16,32", "train.num_steps=30",
-               "train.log_every=10", "train.eval_every=30", "train.eval_bleu_sentences=16",
-               "data.eval_batch_size=16"]
-else:
-  overrides = FULL_02
-config = presets.apply_overrides(presets.get_preset("multi30k_rnn_attention"),
-                                 data_overrides + overrides)
+# %%time
+preset = "tiny_rnn_attention" if QUICK else "multi30k_rnn_attention_short"
+config = presets.apply_overrides(presets.get_preset(preset), [f"data.manual_dir={MULTI30K_DIR}"])
 prepare_dataset(config.data)
 print(config.model)
-workdir = WORKDIRS / "colab_02_attention"
-start = time.time()
-result = train(config, workdir)
-print(f"{result.step} steps, best validation BLEU {result.best_bleu} "
-      f"({(time.time() - start) / 60:.1f} min in this session)")
+result = train(config, WORKDIRS / "colab_02_attention")
+print(f"{result.step} steps, best validation BLEU {result.best_bleu:.2f}")
 
 # %%
-viz.plot_training_curves(workdir, title="bidirectional GRU with additive attention")
+viz.plot_training_curves(result.workdir, title="bidirectional GRU with additive attention")
+
+# %% [markdown]
+# ## Would this run fit a Colab TPU?
+#
+# Colab's TPU runtimes include single chips, a v5e-1 (16 GiB of memory) and a v6e-1 (32 GiB).
+# libtpu, the real TPU compiler (`pip install "jax[tpu]"`; no TPU needed), compiles this
+# notebook's own programs, its training step and decoding step (`config`), for those chips from
+# their shapes alone, here on whatever machine runs the notebook. It reports whether they fit,
+# the memory they need per chip and an estimated time a step: compiler-derived estimates, not
+# measurements. Without libtpu (a Colab CPU runtime) the cell says how to install it.
+
+# %%
+from seq2seq_jax import aot
+print(aot.fit_summary(config, ["train", "generate"], ["v5e-1", "v6e-1"]))
 
 # %% [markdown]
 # ## Soft alignments on real sentences
@@ -139,7 +105,7 @@ viz.plot_training_curves(workdir, title="bidirectional GRU with additive attenti
 # diagonal, bent where German and English order words differently.
 
 # %%
-translator = Translator.from_workdir(workdir)
+translator = Translator.from_workdir(result.workdir)
 test = load_eval_text(config.data, "test_2016_flickr")
 for i in (3, 11):
   alignment = viz.align(translator, test.sources[i])
@@ -176,5 +142,4 @@ if (gru_workdir / "checkpoints").is_dir():
 viz.plot_quality_by_length(curves, title="test_2016_flickr, greedy decoding")
 
 # %%
-print(f"notebook ran in {(time.time() - NOTEBOOK_START) / 60:.1f} minutes "
-      f"({'quick' if QUICK else 'full'} mode) on {jax.devices()[0].device_kind}")
+session.finish()

@@ -12,60 +12,26 @@
 # Set `SEQ2SEQ_JAX_QUICK=1` for a tiny run.*
 
 # %%
-# The repository address: written by colabs/build_notebooks.py from its REPO_URL,
-# the single place to set it (placeholder until the repository is public).
+# Installs seq2seq_jax where it is missing (a fresh Colab runtime), then starts the notebook:
+# quick mode or not, where the data and the runs are. Every notebook begins with this cell
+# (colabs/shared_cells.py writes it).
 REPO_URL = "https://github.com/YOUR-ORG/seq2seq_jax"
 
 import importlib.util
 import subprocess
 import sys
 
-if importlib.util.find_spec("seq2seq_jax") is None:  # e.g. a fresh Colab runtime
+if importlib.util.find_spec("seq2seq_jax") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
 
+from seq2seq_jax import tutorial
+
+session = tutorial.start()
+QUICK, MULTI30K_DIR, WORKDIRS = session.quick, session.multi30k_dir, session.workdirs
+
 # %%
-import os
-import pathlib
-import tempfile
 import time
 
-QUICK = os.environ.get("SEQ2SEQ_JAX_QUICK", "0") == "1"  # tiny sizes and a few steps (CI)
-ROOT = pathlib.Path.cwd().parent if pathlib.Path("../seq2seq_jax").is_dir() else pathlib.Path.cwd()
-SHARED = ROOT.parent / "shared" / "data"
-if SHARED.is_dir():
-  MULTI30K_DIR = str((SHARED / ("multi30k_tiny" if QUICK else "multi30k/raw")).resolve())
-else:
-  MULTI30K_DIR = ""  # empty: the Multi30k builder downloads the official files
-# Quick runs go to a fresh temporary folder; full runs to ROOT/workdirs, where a rerun of the
-# notebook finds the finished run and only reloads it.
-WORKDIRS = pathlib.Path(tempfile.mkdtemp()) if QUICK else ROOT / "workdirs"
-NOTEBOOK_START = time.time()
-print(f"quick mode: {QUICK}; data: {MULTI30K_DIR or 'download'}; runs in {WORKDIRS}")
-
-# %%
-# Full-run settings (quick mode ignores them): sized to train in minutes on a 2-core
-# CPU. On a GPU or TPU raise the steps; the presets' defaults are the full recipes.
-FULL_TRANSFORMER = [
-    'data.vocab_size=3000',
-    'model.vocab_size=3000',
-    'data.max_source_len=40',
-    'data.max_target_len=40',
-    'data.bucket_lengths=16,24,32,40',
-    'data.batch_tokens=2048',
-    'train.learning_rate=2e-3',
-    'train.schedule=rsqrt',
-    'model.model_dim=128',
-    'model.mlp_dim=512',
-    'train.num_steps=800',
-    'train.warmup_steps=200',
-    'train.log_every=50',
-    'train.eval_every=400',
-    'train.checkpoint_every=400',
-    'train.eval_bleu_sentences=200',
-    'train.eval_batches=4',
-]
-
-# %%
 import jax
 
 from seq2seq_jax import evaluation, presets
@@ -83,18 +49,8 @@ print(jax.devices())
 # checksummed) into tfds `array_record` files once; later calls reuse them.
 
 # %%
-data_overrides = [f"data.manual_dir={MULTI30K_DIR}"]
-if QUICK:
-  overrides = ["data.vocab_size=400", "model.vocab_size=400", "model.model_dim=32",
-               "model.mlp_dim=64", "model.num_heads=2", "model.num_encoder_layers=2",
-               "model.num_decoder_layers=2", "data.batch_tokens=1024", "data.max_source_len=32",
-               "data.max_target_len=32", "data.bucket_lengths=16,32", "train.num_steps=30",
-               "train.warmup_steps=10", "train.log_every=10", "train.eval_every=30",
-               "train.eval_bleu_sentences=16", "data.eval_batch_size=16"]
-else:
-  overrides = FULL_TRANSFORMER
-config = presets.apply_overrides(presets.get_preset("multi30k_transformer"),
-                                 data_overrides + overrides)
+preset = "tiny_transformer" if QUICK else "multi30k_transformer_short"
+config = presets.apply_overrides(presets.get_preset(preset), [f"data.manual_dir={MULTI30K_DIR}"])
 builder = prepare_dataset(config.data)
 for name, split in sorted(builder.info.splits.items()):
   print(f"{name:>18}: {split.num_examples} pairs")
@@ -106,17 +62,30 @@ for name, split in sorted(builder.info.splits.items()):
 # `section.field=value` overrides adjust them (the command line takes the same strings).
 
 # %%
+# %%time
 print(config.model)
 print(config.train)
-workdir = WORKDIRS / "colab_transformer"
-start = time.time()
-result = train(config, workdir)
-print(f"{result.step} steps, best validation BLEU {result.best_bleu} at step "
-      f"{result.best_step} ({(time.time() - start) / 60:.1f} min in this session)")
+result = train(config, WORKDIRS / "colab_transformer")
+print(f"{result.step} steps, best validation BLEU {result.best_bleu:.2f} at step "
+      f"{result.best_step}")
 
 # %%
-viz.plot_training_curves(workdir, metrics=("loss", "val_loss", "bleu"),
+viz.plot_training_curves(result.workdir, metrics=("loss", "val_loss", "bleu"),
                          title="Transformer on Multi30k de-en")
+
+# %% [markdown]
+# ### Would this run fit a Colab TPU?
+#
+# Colab's TPU runtimes include single chips, a v5e-1 (16 GiB of memory) and a v6e-1 (32 GiB).
+# libtpu, the real TPU compiler (`pip install "jax[tpu]"`; no TPU needed), compiles this
+# notebook's own programs, its training step and decoding step (`config`), for those chips from
+# their shapes alone, here on whatever machine runs the notebook. It reports whether they fit,
+# the memory they need per chip and an estimated time a step: compiler-derived estimates, not
+# measurements. Without libtpu (a Colab CPU runtime) the cell says how to install it.
+
+# %%
+from seq2seq_jax import aot
+print(aot.fit_summary(config, ["train", "generate"], ["v5e-1", "v6e-1"]))
 
 # %% [markdown]
 # ## 3. Evaluate with sacreBLEU
@@ -132,7 +101,7 @@ viz.plot_training_curves(workdir, metrics=("loss", "val_loss", "bleu"),
 # quiet 2-core CPU, with the BLEU given in the README.
 
 # %%
-translator = Translator.from_workdir(workdir)
+translator = Translator.from_workdir(result.workdir)
 test = load_eval_text(config.data, "test_2016_flickr")
 start = time.time()
 greedy = translator.translate(test.sources)
@@ -161,5 +130,4 @@ for source, target in zip(sentences, translator.translate(sentences, beam_size=4
   print(f"{source}\n  -> {target}")
 
 # %%
-print(f"notebook ran in {(time.time() - NOTEBOOK_START) / 60:.1f} minutes "
-      f"({'quick' if QUICK else 'full'} mode) on {jax.devices()[0].device_kind}")
+session.finish()

@@ -14,43 +14,32 @@
 # Set `SEQ2SEQ_JAX_QUICK=1` for a tiny run.*
 
 # %%
-# The repository address: written by colabs/build_notebooks.py from its REPO_URL,
-# the single place to set it (placeholder until the repository is public).
+# Installs seq2seq_jax where it is missing (a fresh Colab runtime), then starts the notebook:
+# quick mode or not, where the data and the runs are. Every notebook begins with this cell
+# (colabs/shared_cells.py writes it).
 REPO_URL = "https://github.com/YOUR-ORG/seq2seq_jax"
 
 import importlib.util
 import subprocess
 import sys
 
-if importlib.util.find_spec("seq2seq_jax") is None:  # e.g. a fresh Colab runtime
+if importlib.util.find_spec("seq2seq_jax") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
 
+from seq2seq_jax import tutorial
+
+session = tutorial.start()
+QUICK, MULTI30K_DIR, WORKDIRS = session.quick, session.multi30k_dir, session.workdirs
+
 # %%
-import os
-import pathlib
-import tempfile
+# Full-run settings (quick mode ignores them): sized to train in minutes on a 2-core CPU;
+# on a GPU or TPU raise the epochs.
+FULL_05_MODEL = {"embed_dim": 100, "hidden_dim": 128, "dropout_rate": 0.2}
+FULL_05_TRAIN = {"epochs": 6, "batch_size": 128, "learning_rate": 2e-3}
+
+# %%
 import time
 
-QUICK = os.environ.get("SEQ2SEQ_JAX_QUICK", "0") == "1"  # tiny sizes and a few steps (CI)
-ROOT = pathlib.Path.cwd().parent if pathlib.Path("../seq2seq_jax").is_dir() else pathlib.Path.cwd()
-SHARED = ROOT.parent / "shared" / "data"
-if SHARED.is_dir():
-  MULTI30K_DIR = str((SHARED / ("multi30k_tiny" if QUICK else "multi30k/raw")).resolve())
-else:
-  MULTI30K_DIR = ""  # empty: the Multi30k builder downloads the official files
-# Quick runs go to a fresh temporary folder; full runs to ROOT/workdirs, where a rerun of the
-# notebook finds the finished run and only reloads it.
-WORKDIRS = pathlib.Path(tempfile.mkdtemp()) if QUICK else ROOT / "workdirs"
-NOTEBOOK_START = time.time()
-print(f"quick mode: {QUICK}; data: {MULTI30K_DIR or 'download'}; runs in {WORKDIRS}")
-
-# %%
-# Full-run settings (quick mode ignores them): sized to train in minutes on a 2-core
-# CPU. On a GPU or TPU raise the steps; the presets' defaults are the full recipes.
-FULL_05_MODEL = {'embed_dim': 100, 'hidden_dim': 128, 'dropout_rate': 0.2}
-FULL_05_TRAIN = {'epochs': 6, 'batch_size': 128, 'learning_rate': 0.002}
-
-# %%
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,5 +121,4 @@ for label, target_ids in (("true translation", test.target_ids[i]),
                              title=f"{label}: P(translation) = {probability:.2f}"))
 
 # %%
-print(f"notebook ran in {(time.time() - NOTEBOOK_START) / 60:.1f} minutes "
-      f"({'quick' if QUICK else 'full'} mode) on {jax.devices()[0].device_kind}")
+session.finish()

@@ -21,42 +21,33 @@
 # tiny run.*
 
 # %%
-# The repository address: written by colabs/build_notebooks.py from its REPO_URL,
-# the single place to set it (placeholder until the repository is public).
+# Installs seq2seq_jax where it is missing (a fresh Colab runtime), then starts the notebook:
+# quick mode or not, where the data and the runs are. Every notebook begins with this cell
+# (colabs/shared_cells.py writes it).
 REPO_URL = "https://github.com/YOUR-ORG/seq2seq_jax"
 
 import importlib.util
 import subprocess
 import sys
 
-if importlib.util.find_spec("seq2seq_jax") is None:  # e.g. a fresh Colab runtime
+if importlib.util.find_spec("seq2seq_jax") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}"], check=True)
 
+from seq2seq_jax import tutorial
+
+session = tutorial.start()
+QUICK, MULTI30K_DIR, WORKDIRS = session.quick, session.multi30k_dir, session.workdirs
+
 # %%
-import os
+# Full-run settings (quick mode ignores them): the local stand-in for OPUS-MT, sized to
+# train in minutes on a 2-core CPU where the hub cannot be reached.
+FULL_06_BUILD = {"steps": 1200, "model_dim": 128, "ffn": 256, "batch_size": 64,
+                 "learning_rate": 3e-3, "max_pairs": 29_000}
+
+# %%
 import pathlib
-import tempfile
 import time
 
-QUICK = os.environ.get("SEQ2SEQ_JAX_QUICK", "0") == "1"  # tiny sizes and a few steps (CI)
-ROOT = pathlib.Path.cwd().parent if pathlib.Path("../seq2seq_jax").is_dir() else pathlib.Path.cwd()
-SHARED = ROOT.parent / "shared" / "data"
-if SHARED.is_dir():
-  MULTI30K_DIR = str((SHARED / ("multi30k_tiny" if QUICK else "multi30k/raw")).resolve())
-else:
-  MULTI30K_DIR = ""  # empty: the Multi30k builder downloads the official files
-# Quick runs go to a fresh temporary folder; full runs to ROOT/workdirs, where a rerun of the
-# notebook finds the finished run and only reloads it.
-WORKDIRS = pathlib.Path(tempfile.mkdtemp()) if QUICK else ROOT / "workdirs"
-NOTEBOOK_START = time.time()
-print(f"quick mode: {QUICK}; data: {MULTI30K_DIR or 'download'}; runs in {WORKDIRS}")
-
-# %%
-# Full-run settings (quick mode ignores them): sized to train in minutes on a 2-core
-# CPU. On a GPU or TPU raise the steps; the presets' defaults are the full recipes.
-FULL_06_BUILD = {'steps': 1200, 'model_dim': 128, 'ffn': 256, 'batch_size': 64, 'learning_rate': 0.003, 'max_pairs': 29000}
-
-# %%
 import jax
 import numpy as np
 
@@ -88,6 +79,21 @@ print(f"{checkpoint.family}: {config.num_encoder_layers}+{config.num_decoder_lay
       f"{config.activation} FFN, positions {config.positions}, norm {config.norm}")
 print(f"ids: pad {config.pad_id}, decoder start {config.decoder_start_id}, "
       f"eos {config.eos_id}; search: {checkpoint.decode_config}")
+
+# %% [markdown]
+# ## Would this model fit a Colab TPU?
+#
+# Colab's TPU runtimes include single chips, a v5e-1 (16 GiB of memory) and a v6e-1 (32 GiB).
+# libtpu, the real TPU compiler (`pip install "jax[tpu]"`; no TPU needed), compiles this
+# checkpoint's decoding step and its scoring (forced decoding) for those chips from their
+# shapes alone, here on whatever machine runs the notebook. It reports whether they fit, the
+# memory they need per chip and an estimated time a step: compiler-derived estimates, not
+# measurements. Without libtpu (a Colab CPU runtime) the cell says how to install it.
+
+# %%
+from seq2seq_jax import aot
+experiment = pretrained.experiment_config(checkpoint)  # its model and search; default data sizes
+print(aot.fit_summary(experiment, ["generate", "score"], ["v5e-1", "v6e-1"]))
 
 # %% [markdown]
 # ## Translate a corpus in bulk
@@ -177,5 +183,4 @@ viz.plot_attention(weights_TS, piece(source_ids), piece(target_ids),
                    title="last decoder layer, mean over heads")
 
 # %%
-print(f"notebook ran in {(time.time() - NOTEBOOK_START) / 60:.1f} minutes "
-      f"({'quick' if QUICK else 'full'} mode) on {jax.devices()[0].device_kind}")
+session.finish()

@@ -1,7 +1,9 @@
 """The colabs: each runs top to bottom in quick mode, shows a library plot, uses only the public API.
 
-The quick-mode runs are marked slow (about one to two minutes each on 2 CPU cores);
-the static checks of imports, the badge and the committed outputs are fast.
+Each notebook's source is colabs/NN_name.py (jupytext's percent format), paired with its
+.ipynb, which adds the outputs of a full run. The quick-mode runs are marked slow (one to
+three minutes each on 2 CPU cores); the checks of the pairing, imports, shared cells, TPU
+cell and committed outputs are fast.
 """
 
 from __future__ import annotations
@@ -141,41 +143,81 @@ def test_notebook_uses_only_the_public_api(name):
   assert api_violations(_code(_read(name))) == []
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_badge_and_install_read_one_repo_url(name, colabs_builder_module):
-  notebook = _read(name)
-  REPO_URL = colabs_builder_module.REPO_URL  # the builder is the one place the URL is set
-  badge = notebook.cells[0]
-  assert badge.cell_type == "markdown" and "colab-badge.svg" in badge.source
-  path = REPO_URL.removeprefix("https://github.com/")
-  assert f"colab.research.google.com/github/{path}/blob/main/colabs/{name}.ipynb" in badge.source
-  setup = notebook.cells[1]
-  assert setup.cell_type == "code"
-  assert PLACEHOLDER_OR_URL.findall(setup.source) == [REPO_URL]
-  assert 'f"git+{REPO_URL}"' in setup.source and 'find_spec("seq2seq_jax")' in setup.source
-  # The address appears nowhere else in the code: the setup cell's variable is the one source.
-  assert _code(notebook).count(REPO_URL) == 1
-  assert "SEQ2SEQ_JAX_QUICK" in notebook.cells[2].source
-
-
-@pytest.fixture(scope="module", autouse=True)
-def colabs_builder_module():
-  """Imports colabs/build_notebooks.py as ``colabs_builder``."""
-  import sys
-  spec = importlib.util.spec_from_file_location("colabs_builder", COLABS / "build_notebooks.py")
+@pytest.fixture(scope="module")
+def shared_cells():
+  """colabs/shared_cells.py: REPO_URL, the badge and the setup cell every notebook begins with."""
+  spec = importlib.util.spec_from_file_location("colabs_shared_cells", COLABS / "shared_cells.py")
   module = importlib.util.module_from_spec(spec)
-  sys.modules["colabs_builder"] = module
   spec.loader.exec_module(module)
-  yield module
-  sys.modules.pop("colabs_builder", None)
+  return module
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_sources_match_the_builder(name, colabs_builder_module):
-  """The committed sources are what the builder writes (edit the builder, not the notebook)."""
-  built = colabs_builder_module.build(name)
+def test_badge_and_setup_cell_come_from_shared_cells(name, shared_cells):
+  notebook = _read(name)
+  badge, setup = notebook.cells[0], notebook.cells[1]
+  assert badge.cell_type == "markdown" and shared_cells.badge(name) in badge.source
+  assert setup.cell_type == "code" and setup.source == shared_cells.setup_cell()
+  # The address appears nowhere else in the code: the setup cell's variable is the one source.
+  assert PLACEHOLDER_OR_URL.findall(setup.source) == [shared_cells.REPO_URL]
+  assert _code(notebook).count(shared_cells.REPO_URL) == 1
+  assert "session.finish()" in notebook.cells[-1].source
+
+
+def test_shared_cells_rewrites_badge_and_setup_and_syncs_the_pair(shared_cells, tmp_path,
+                                                                  monkeypatch):
+  name = NAMES[2]
+  for file in (f"{name}.py", f"{name}.ipynb", "jupytext.toml"):
+    shutil.copy2(COLABS / file, tmp_path / file)
+  monkeypatch.setattr(shared_cells, "REPO_URL", "https://github.com/acme/s2s")
+  shared_cells.write(tmp_path / f"{name}.py")
+  notebook = nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
+  assert ("colab.research.google.com/github/acme/s2s/blob/main/colabs/03_transformer.ipynb"
+          in notebook.cells[0].source)
+  assert 'REPO_URL = "https://github.com/acme/s2s"' in notebook.cells[1].source
   committed = _read(name)
-  assert [c.source for c in committed.cells] == [c.source for c in built.cells]
+  assert [c.source for c in notebook.cells[2:]] == [c.source for c in committed.cells[2:]]
+  assert [c.get("outputs") for c in notebook.cells[2:]] == [
+      c.get("outputs") for c in committed.cells[2:]]  # outputs stay
+
+
+# Every notebook that trains or decodes a seq2seq model shows how its programs would sit on
+# Colab's single-chip TPUs; 05's sentence-pair classifier has no program that aot builds.
+TPU_NOTEBOOKS = [name for name in NAMES if not name.startswith("05")]
+
+
+def _fit_summary_cell(notebook) -> int:
+  found = [i for i, cell in enumerate(notebook.cells)
+           if cell.cell_type == "code" and "aot.fit_summary(" in cell.source]
+  assert len(found) == 1, found
+  return found[0]
+
+
+@pytest.mark.parametrize("name", TPU_NOTEBOOKS)
+def test_a_tpu_fit_cell_with_its_explanation(name):
+  notebook = _read(name)
+  index = _fit_summary_cell(notebook)
+  explanation = notebook.cells[index - 1]
+  assert explanation.cell_type == "markdown"
+  text = " ".join(explanation.source.split())
+  for words in ("libtpu", "no TPU needed", "from their shapes alone", "not measurements",
+                "v5e-1", "v6e-1"):
+    assert words in text, words
+  assert '["v5e-1", "v6e-1"]' in notebook.cells[index].source
+
+
+def _fit_summary_text(notebook) -> str:
+  return "".join(output.get("text", "")
+                 for output in notebook.cells[_fit_summary_cell(notebook)].get("outputs", []))
+
+
+def _check_fit_summary(text: str, programs: tuple[str, ...]) -> None:
+  """The report of every program on both chips, as ``aot.fit_summary`` writes it."""
+  for program in programs:
+    for chip in ("v5e-1", "v6e-1"):
+      assert re.search(rf"^{program} on {chip}: fits, [\d.]+ GiB of [\d.]+ per chip, est\. ",
+                       text, re.M), (program, chip, text)
+  assert "(compiler-derived estimates from libtpu, not measurements)" in text
 
 
 def _sync(directory: pathlib.Path, name: str) -> None:
@@ -236,6 +278,9 @@ def test_committed_outputs_come_from_a_full_run(name):
   for cell in notebook.cells:
     for output in cell.get("outputs", []):
       assert output.output_type != "error", f"{name}: committed with an error"
+  if name in TPU_NOTEBOOKS:
+    _check_fit_summary(_fit_summary_text(notebook),
+                       ("generate", "score") if name.startswith("06") else ("train", "generate"))
 
 
 def _kernel_env() -> dict[str, str]:
@@ -267,4 +312,7 @@ def test_notebook_runs_in_quick_mode(name, monkeypatch, tmp_path):
   assert _library_images(notebook), f"{name}: no plot from seq2seq_jax.visualization was shown"
   last = "".join(output.get("text", "") for output in notebook.cells[-1].outputs)
   assert "(quick mode)" in last, last
+  if name in TPU_NOTEBOOKS:  # libtpu is in the test extra: the compiler's report, not a hint
+    _check_fit_summary(_fit_summary_text(notebook),
+                       ("generate", "score") if name.startswith("06") else ("train", "generate"))
   print(f"{name}: {minutes:.1f} min in quick mode")
