@@ -18,8 +18,9 @@ Sections (``--sections``, default all):
 - ``choices``: the CPU-only choices (vocabulary-major logits, two-stage argmax and
   top-k) and the dropout generator (Philox, threefry, rbg) judged on v5e-1.
 
-Results go to ``--out`` as they come, one record per compile report; a rerun skips
+Results go to ``--out`` as they come, one row per compile report; a rerun skips
 what is there (``--redo`` recompiles). WMT big's compiles take minutes each here.
+``--plot`` draws the estimated MFU of each preset's largest training batch.
 
   python benchmarks/tpu_compile.py [--sections train,sharding,generate,choices] [--out F]
   SEQ2SEQ_JAX_QUICK=1 python benchmarks/tpu_compile.py   # tiny sizes, for CI
@@ -27,7 +28,6 @@ what is there (``--redo`` recompiles). WMT big's compiles take minutes each here
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -35,8 +35,6 @@ import sys
 import tempfile
 import time
 from typing import Any
-
-HERE = pathlib.Path(__file__).resolve().parent
 
 TRAIN_TARGETS = ("v4-8", "v5e-8", "v5p-8", "v6e-8")
 SHARDING_TARGETS = ("v5e:2x4", "v4:2x2x1")
@@ -96,8 +94,8 @@ class Results:
     self.path = path
     self.records: list[dict[str, Any]] = []
     if path.is_file() and not redo:
-      self.records = json.loads(path.read_text(encoding="utf-8")).get("records", [])
-    self.quick = False
+      saved = json.loads(path.read_text(encoding="utf-8"))
+      self.records = saved.get("rows", saved.get("records", []))  # "records": before report()
 
   @staticmethod
   def key(labels: dict[str, Any]) -> str:
@@ -110,23 +108,26 @@ class Results:
     self.records.append(record)
     self.write()
 
+  def payload(self) -> dict[str, Any]:
+    return {"benchmark": "tpu_compile",
+            "note": "compiler-derived estimates (libtpu on this CPU), not measurements",
+            "rows": self.records}
+
   def write(self) -> None:
     from seq2seq_jax import benchmarking
-    benchmarking.write_json(self.path, {
-        "benchmark": "tpu_compile",
-        "note": "compiler-derived estimates (libtpu on this CPU), not measurements",
-        "records": self.records})
+    benchmarking.write_json(self.path, self.payload())
 
-  def plot(self, path: pathlib.Path) -> None:
-    """Estimated MFU of each preset's largest training batch, one panel per target."""
-    from seq2seq_jax import benchmarking
-    rows = [{"task": r["target"], "system": r["name"], "MFU %": 100 * (r["estimated_mfu"] or 0)}
-            for r in self.records if r["section"] == "train" and r["variant"] == "largest batch"]
-    if not rows:
-      rows = [{"task": r["target"], "system": f"{r['name']} {r['variant']}",
-               "MFU %": 100 * (r["estimated_mfu"] or 0)} for r in self.records]
-    benchmarking.plot_rates_by_task(rows, path, rate_key="MFU %",
-                                    xlabel=lambda task: "estimated MFU, %")
+
+def plot_mfu(records: list[dict[str, Any]], path: pathlib.Path) -> None:
+  """Estimated MFU of each preset's largest training batch, one panel per target."""
+  from seq2seq_jax import benchmarking
+  rows = [{"task": r["target"], "system": r["name"], "MFU %": 100 * (r["estimated_mfu"] or 0)}
+          for r in records if r["section"] == "train" and r["variant"] == "largest batch"]
+  if not rows:
+    rows = [{"task": r["target"], "system": f"{r['name']} {r['variant']}",
+             "MFU %": 100 * (r["estimated_mfu"] or 0)} for r in records]
+  benchmarking.plot_rates_by_task(rows, path, rate_key="MFU %",
+                                  xlabel=lambda task: "estimated MFU, %")
 
 
 def _say(record: dict[str, Any]) -> None:
@@ -278,10 +279,7 @@ def run_choices(results: Results) -> None:
 def main() -> None:
   from seq2seq_jax import benchmarking
 
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "tpu_compile.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None,
-                      help="PNG of the estimated MFU at each preset's largest batch")
+  parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--sections", default="train,sharding,generate,choices")
   parser.add_argument("--tolerance", type=float, default=0.125,
                       help="largest batch to within this fraction (default %(default)s)")
@@ -314,12 +312,9 @@ def main() -> None:
         run_choices(results)
     else:
       sys.exit(f"unknown section {name!r}; known: train, sharding, generate, choices")
-  results.write()
-  print(f"{len(results.records)} records in {args.out} ({time.perf_counter() - start:.0f} s); "
+  print(f"{len(results.records)} records ({time.perf_counter() - start:.0f} s); "
         "compiler-derived estimates, not measurements")
-  if args.plot:
-    results.plot(args.plot)
-    print(f"wrote {args.plot}")
+  benchmarking.report(args, results.payload(), plot=plot_mfu)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def test_translate_file_quick(tmp_path):
 @pytest.mark.slow
 def test_tpu_compile_quick(tmp_path):
   payload = _run("tpu_compile", tmp_path)
-  records = payload["records"]
+  records = payload["rows"]
   assert {r["section"] for r in records} == {"train", "sharding", "generate"}
   assert all(r["fits"] and r["estimated_step_seconds"] > 0 for r in records)
   largest = next(r for r in records if r["variant"] == "largest batch")
