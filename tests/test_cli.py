@@ -7,11 +7,14 @@ import pathlib
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
 import sacrebleu
 
-from seq2seq_jax import cli, evaluation
+from seq2seq_jax import cli, evaluation, presets
+from seq2seq_jax.cli import flags
+from seq2seq_jax.data import pipeline
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -142,6 +145,83 @@ def test_mismatched_line_counts_name_the_file(tmp_path, capsys):
 def test_evaluate_needs_sources_and_references_together(tmp_path, capsys):
   assert cli.main(["evaluate", "--workdir", str(tmp_path), "--sources", "x.de"]) == 2
   assert "--sources and --references go together" in capsys.readouterr().err
+
+
+# Lowercased "translations": cased sacreBLEU is below 100, the lowercasing conventions are 100.
+REFERENCES = ["A dog's ball, in the grass.", "Two men sit on a bench."]
+TOKENIZED_REFERENCES = "a dog &apos;s ball , in the grass .\ntwo men sit on a bench .\n"
+
+
+@pytest.fixture
+def echo_evaluate(tmp_path, monkeypatch):
+  """``evaluate`` on a local Multi30k copy of one split (raw/ and tok/), with a stand-in
+  model whose translation of a sentence is the sentence lowercased."""
+  raw, tok = tmp_path / "multi30k" / "raw", tmp_path / "multi30k" / "tok"
+  raw.mkdir(parents=True)
+  tok.mkdir()
+  (tok / "test_2016_flickr.lc.norm.tok.en").write_text(TOKENIZED_REFERENCES, encoding="utf-8")
+  config = presets.apply_overrides(presets.get_preset("tiny_transformer"),
+                                   [f"data.manual_dir={raw}"])
+  translated = []
+
+  def translate(sources, **kwargs):
+    translated.extend(sources)
+    return [s.lower() for s in sources]
+
+  echo = types.SimpleNamespace(config=config, decode_config=config.decode, step=7,
+                               tokenizer=None, translate=translate,
+                               max_decode_len=lambda decode: 16)
+  monkeypatch.setattr(flags, "translator", lambda args: echo)
+  monkeypatch.setattr(pipeline, "load_eval_text", lambda data, split: pipeline.EvalText(
+      sources=list(REFERENCES), references=list(REFERENCES)))
+
+  def run(*extra):
+    return cli.main(["evaluate", "--workdir", str(tmp_path / "run"), "--split",
+                     "test_2016_flickr", *extra])
+  return types.SimpleNamespace(run=run, tok=tok, workdir=tmp_path / "run",
+                               translated=translated)
+
+
+def _bleu_lines(out: str) -> dict[str, float]:
+  lines = [line.split() for line in out.splitlines() if line.startswith("  BLEU")]
+  assert all(words[1].startswith("(") for words in lines), out  # every BLEU names its convention
+  return {words[1]: float(words[2]) for words in lines}
+
+
+@pytest.mark.parametrize("scoring", ["sacrebleu", "tok", "mmt"])
+def test_evaluate_scoring_names_each_bleu_convention(echo_evaluate, capsys, scoring):
+  extra = [] if scoring == "sacrebleu" else ["--scoring", scoring]
+  assert echo_evaluate.run(*extra) == 0
+  bleu = _bleu_lines(capsys.readouterr().out)
+  assert bleu["(tok)"] == 100.0  # the official tokenized references: printed whenever found
+  assert set(bleu) == {f"({scoring})", "(tok)"}
+  if scoring == "sacrebleu":
+    assert 0 < bleu["(sacrebleu)"] < 100  # cased: "a dog" is not "A dog"
+  else:
+    assert bleu[f"({scoring})"] == 100.0
+  record = json.loads(next((echo_evaluate.workdir / "eval").glob("eval-*.json")).read_text())
+  assert record["scoring"] == scoring
+  want = {"sacrebleu": "BLEU", "tok": "BLEU-lc.norm.tok", "mmt": "BLEU-mmt"}[scoring]
+  assert set(record["scores"]) == {want, "BLEU-lc.norm.tok", "chrF"}
+
+
+def test_evaluate_scoring_tok_without_its_references_is_an_error(echo_evaluate, capsys):
+  (echo_evaluate.tok / "test_2016_flickr.lc.norm.tok.en").unlink()
+  assert echo_evaluate.run("--scoring", "tok") == 2
+  err = capsys.readouterr().err
+  assert "--scoring tok needs the official lowercased, tokenized references" in err
+  assert "test_2016_flickr" in err and "--scoring mmt" in err
+  assert echo_evaluate.translated == []  # refused before translating anything
+  assert echo_evaluate.run("--scoring", "mmt") == 0  # mmt tokenizes the references itself
+  assert set(_bleu_lines(capsys.readouterr().out)) == {"(mmt)"}
+
+
+def test_evaluate_scoring_tok_refuses_sources_files(echo_evaluate, tmp_path, capsys):
+  for name in ("x.de", "x.en"):
+    (tmp_path / name).write_text("Ein Hund.\n", encoding="utf-8")
+  assert echo_evaluate.run("--sources", str(tmp_path / "x.de"), "--references",
+                           str(tmp_path / "x.en"), "--scoring", "tok") == 2
+  assert "not for --sources files" in capsys.readouterr().err
 
 
 def test_bleu_of_references_against_themselves_is_100(multi30k_raw):

@@ -1,7 +1,8 @@
 """Translates an evaluation split of the run's corpus (or any --sources / --references files) and
-prints detokenized sacreBLEU BLEU and chrF; for Multi30k also BLEU against the official
-lowercased, tokenized references. Writes eval-SPLIT-STEP-METHOD.json and the hypotheses into
-WORKDIR/eval/.
+prints BLEU under the convention --scoring names (default: detokenized sacreBLEU) and chrF;
+for a local Multi30k copy also BLEU against the official lowercased, tokenized references.
+Each BLEU line names its convention, e.g. "BLEU (tok) 33.54". Writes
+eval-SPLIT-STEP-METHOD.json and the hypotheses into WORKDIR/eval/.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 from seq2seq_jax.cli import flags
 
 HELP = "translate a split and score it with sacreBLEU (BLEU, chrF)"
+# evaluation.SCORINGS, written out so that --help does not import sacrebleu.
+SCORINGS = ("sacrebleu", "tok", "mmt")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--max-sentences", type=int, default=0, help="only the first N (0 = all)")
   parser.add_argument("--show", type=int, default=0, metavar="N",
                       help="also print N source / hypothesis / reference triples")
+  parser.add_argument("--scoring", choices=SCORINGS, default="sacrebleu",
+                      help="BLEU convention: sacrebleu (cased, detokenized, sacreBLEU's "
+                           "defaults), tok (against Multi30k's official lowercased, tokenized "
+                           "references, tok/ beside a local raw/ copy) or mmt (both sides "
+                           "lowercased and Moses-tokenized here, as WMT16's multimodal task "
+                           "scored); default %(default)s")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,13 +61,25 @@ def run(args: argparse.Namespace) -> int:
     if len(sources) != len(references):
       raise ValueError(f"{args.sources} has {len(sources)} lines but {args.references} has "
                        f"{len(references)}: they must be aligned line by line")
-    _evaluate_one(args, translator, pathlib.Path(args.sources).name, sources, references)
+    if args.scoring == "tok":
+      raise ValueError("--scoring tok compares with Multi30k's official lowercased, tokenized "
+                       "references, which exist for its splits only, not for --sources files: "
+                       "use --scoring mmt (it tokenizes the references itself) or sacrebleu")
+    _evaluate_one(args, translator, pathlib.Path(args.sources).name, sources, references, None)
     return 0
   from seq2seq_jax.data import pipeline
   splits = [s.strip() for s in (args.split or config.data.eval_split).split(",") if s.strip()]
   texts = {split: pipeline.load_eval_text(config.data, split) for split in splits}  # fail early
+  tokenized = {split: _tokenized_references(config.data, split) for split in splits}
+  missing = [split for split, path in tokenized.items() if path is None]
+  if args.scoring == "tok" and missing:
+    raise ValueError(f"--scoring tok needs the official lowercased, tokenized references of "
+                     f"{', '.join(missing)}: Multi30k's tok/SPLIT.lc.norm.tok."
+                     f"{config.data.target_lang} beside a local raw/ copy (--manual-dir); "
+                     "none was found. Use --scoring mmt (it tokenizes the references itself) "
+                     "or sacrebleu")
   for split, text in texts.items():
-    _evaluate_one(args, translator, split, text.sources, text.references)
+    _evaluate_one(args, translator, split, text.sources, text.references, tokenized[split])
   return 0
 
 
@@ -83,14 +104,30 @@ def _languages(translator: Any, source: str | None, target: str | None) -> dict[
   return {}
 
 
-def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources: list[str],
-                  references: list[str]) -> None:
-  """Translates, scores, prints and writes eval-SPLIT-STEP-METHOD.{json,txt} for one set."""
+def _scores(args: argparse.Namespace, lang: str, hypotheses: list[str], references: list[str],
+            tokenized_references: list[str] | None) -> dict[str, Any]:
+  """The scores to print, each under a label that names its convention: BLEU by
+  ``--scoring``, chrF, and BLEU (tok) too where the official tokenized references are."""
   from seq2seq_jax import evaluation
 
+  scores = {f"BLEU ({args.scoring})": evaluation.bleu(
+                hypotheses, references, scoring=args.scoring, lang=lang,
+                tokenized_references=tokenized_references),
+            "chrF": evaluation.corpus_chrf(hypotheses, references)}
+  if tokenized_references is not None and args.scoring != "tok":
+    scores["BLEU (tok)"] = evaluation.bleu(hypotheses, references, scoring="tok", lang=lang,
+                                           tokenized_references=tokenized_references)
+  return scores
+
+
+def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources: list[str],
+                  references: list[str], tokenized: pathlib.Path | None) -> None:
+  """Translates, scores, prints and writes eval-SPLIT-STEP-METHOD.{json,txt} for one set;
+  ``tokenized``: the split's official lowercased, tokenized references, if any."""
   config = translator.config
   limit = args.max_sentences or len(sources)
   sources, references = sources[:limit], references[:limit]
+  tokenized_references = None if tokenized is None else _read_lines(str(tokenized))[:limit]
   decode = translator.decode_config
   beam_size = args.beam_size if args.beam_size is not None else (
       decode.beam_size if decode.method == "beam" else 1)
@@ -101,20 +138,14 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
       **_languages(translator, config.data.source_lang, config.data.target_lang),
       **flags.decode_options(args))
   seconds = time.perf_counter() - start
-  scores = [evaluation.corpus_bleu(hypotheses, references),
-            evaluation.corpus_chrf(hypotheses, references)]
-  tokenized = None if args.sources or args.max_sentences else _tokenized_references(config.data,
-                                                                                    split)
-  if tokenized is not None:
-    scores.append(evaluation.moses_tokenized_bleu(hypotheses, _read_lines(str(tokenized)),
-                                                  lang=config.data.target_lang))
+  scores = _scores(args, config.data.target_lang, hypotheses, references, tokenized_references)
   method = "greedy" if beam_size == 1 else f"beam{beam_size}-alpha{alpha:g}"
   pair = f"{config.data.source_lang}->{config.data.target_lang}"
   checkpoint = translator.step if translator.step is not None else "pretrained"
   print(f"{split} ({pair}, {len(sources)} sentences, checkpoint {checkpoint}, {method}, "
         f"{seconds:.1f} s):")
-  for score in scores:
-    print(f"  {score}")
+  for label, score in scores.items():
+    print(f"  {label} {score.score:.2f} ({score.signature})")
   for i in range(min(args.show, len(sources))):
     print(f"\n  source:     {sources[i]}\n  hypothesis: {hypotheses[i]}\n"
           f"  reference:  {references[i]}")
@@ -129,8 +160,9 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
                  "alpha": alpha, "max_decode_len": args.max_decode_len
                  or translator.max_decode_len(decode), **flags.decode_options(args),
                  "ensemble": list(getattr(args, "ensemble", []))},
+      "scoring": args.scoring,
       "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}
-                 for s in scores},
+                 for s in scores.values()},
       "tokenized_references": str(tokenized) if tokenized else None,
       "seconds": seconds, "hypotheses_file": str(out_dir / f"{name}.txt")}
   (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
