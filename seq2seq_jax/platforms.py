@@ -1,7 +1,7 @@
 """Choices that pay on one backend and cost on another, taken per platform when a program lowers.
 
 Some of the library's speed-ups were found by timing XLA's CPU backend; the TPU
-compiler judges them differently (``benchmarks/tpu_compile.py --choices``, the
+compiler judges them differently (``benchmarks/tpu_compile.py --sections choices``, the
 compiler's cost analysis for a v5e chip; RESULTS.md has the tables). Each such
 choice is written twice and picked by ``on_cpu``, a ``jax.lax.platform_dependent``:
 the platform is the one a program is lowered for, not the machine that traces it,
