@@ -3,16 +3,25 @@
 Each builder trains sentencepiece vocabularies on Multi30k, builds the
 transformers tokenizer from those files, trains a small random-initialised model
 with torch for a few hundred steps and saves model, tokenizer and generation
-config with ``save_pretrained``: a directory laid out like a published OPUS-MT, M2M100 or
-NLLB-200 checkpoint. torch and transformers are imported inside the builders,
-so this module imports without them.
+config with ``save_pretrained``: a directory laid out like a published OPUS-MT,
+M2M100, NLLB-200, mBART-50, T5 / mT5 or MADLAD-400 checkpoint (with the
+sentencepiece model the published ones ship, which transformers 5's
+``save_pretrained`` no longer writes for mBART-50 and T5). The ``build_random_*``
+builders make checkpoints of published sizes with random weights, for speed
+benchmarks. torch and transformers are imported inside the builders, so this
+module imports without them.
 
 Example (each call trains for minutes on a CPU, so this is not run as a doctest;
 ``tests/pretrained/conftest.py`` runs these builders)::
 
   build_marian("/tmp/marian-de-en", data_dir="../shared/data/multi30k/raw")
   build_m2m100("/tmp/m2m100-tiny", data_dir="../shared/data/multi30k/raw")
+  build_mbart50("/tmp/mbart50-tiny", data_dir="../shared/data/multi30k/raw")
+  build_t5("/tmp/madlad-tiny", data_dir="../shared/data/multi30k/raw", variant="madlad",
+           directions=(("de", "en"), ("en", "de")))
   build_random_marian("/tmp/opus-mt-sized")  # 58,101 ids, 6 + 6 layers, random weights
+  build_random_t5("/tmp/t5-small-sized")      # 32,128 ids, 6 + 6 layers, random weights
+  build_random_mbart50("/tmp/mbart-sized")    # 250,054 ids, 12 + 12 layers, random weights
 """
 
 from __future__ import annotations
@@ -555,6 +564,10 @@ def build_nllb(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
 # mBART-50 and the T5 family: the many-to-many layouts built from one plan
 
 
+# Fields the published mBART-50 config.json files carry from fairseq (transformers 5 ignores
+# them; CTranslate2's converter reads normalize_before).
+_MBART_LEGACY_FIELDS = {"normalize_before": True, "add_final_layer_norm": True,
+                        "normalize_embedding": True}
 # mBART-50 codes of the languages the builders take as ISO 639-1.
 _MBART50_CODES = {"de": "de_DE", "en": "en_XX", "fr": "fr_XX", "cs": "cs_CZ"}
 
@@ -614,7 +627,9 @@ def build_mbart50(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
                            vocab_size=vocab_size, model_type="unigram")
   with tempfile.TemporaryDirectory() as workdir:
     (pathlib.Path(workdir) / "sentencepiece.bpe.model").write_bytes(model_proto)
-    tokenizer = MBart50Tokenizer.from_pretrained(workdir, src_lang=code(directions[0][0]),
+    # bos_token as the published tokenizer_config.json has it (CTranslate2 reads it).
+    tokenizer = MBart50Tokenizer.from_pretrained(workdir, bos_token="<s>",
+                                                 src_lang=code(directions[0][0]),
                                                  tgt_lang=code(directions[0][1]))
   pairs, plan = _direction_pairs(corpus, directions, steps=steps, batch_size=batch_size,
                                  seed=seed)
@@ -640,8 +655,13 @@ def build_mbart50(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
       decoder_ffn_dim=ffn, max_position_embeddings=max_positions, activation_function="gelu",
       scale_embedding=True, dropout=dropout, attention_dropout=0.0, activation_dropout=0.0,
       pad_token_id=pad_id, bos_token_id=0, eos_token_id=eos_id, decoder_start_token_id=eos_id,
-      forced_eos_token_id=eos_id, tokenizer_class="MBart50Tokenizer")
+      forced_eos_token_id=eos_id, tokenizer_class="MBart50Tokenizer", **_MBART_LEGACY_FIELDS)
   model = MBartForConditionalGeneration(config)
+  with torch.no_grad():  # learned positions, started from the sinusoids M2M100 keeps fixed
+    from seq2seq_jax.layers.embeddings import position_table  # noqa: PLC0415
+    table = torch.from_numpy(position_table("sinusoidal_marian", max_positions + 2, model_dim))
+    for embed in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
+      embed.weight.copy_(table)
   loss = _train(model, plan, ids, pad_id=pad_id, learning_rate=learning_rate)
   generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
                                        eos_token_id=eos_id, forced_eos_token_id=eos_id,
@@ -745,6 +765,126 @@ def build_t5(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, variant
   info = _save(hf_model, tokenizer, generation_config, out, kind=variant, started=started,
                steps=steps, loss=loss, seed=seed)
   (out / "spiece.model").write_bytes(model_proto)
+  return info
+
+
+def _padded_spm(model: bytes, pieces: int) -> bytes:
+  """The sentencepiece model with filler pieces (``▁fillerN``, scored below every real
+  piece, so text never segments into them) appended up to ``pieces``: a published
+  model's vocabulary size without training one that large."""
+  from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415
+
+  proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+  if pieces < len(proto.pieces):
+    raise ValueError(f"{pieces} pieces requested, but the trained model already has "
+                     f"{len(proto.pieces)}; lower spm_vocab_size")
+  lowest = min(piece.score for piece in proto.pieces)
+  for i in range(pieces - len(proto.pieces)):
+    piece = proto.pieces.add()
+    piece.piece, piece.score = f"\u2581filler{i}", lowest - 1.0 - i * 1e-4
+    piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
+  return proto.SerializeToString()
+
+
+def _benchmark_corpus(data_dir: str | os.PathLike | None, seed: int) -> list[str]:
+  if data_dir is None:
+    return _synthetic_sentences(seed)
+  return (_read_lines(data_dir, "train", "de", 29_000) + _read_lines(data_dir, "train", "en",
+                                                                     29_000))
+
+
+def build_random_t5(out_dir: str | os.PathLike, *, vocab_size: int = 32128, model_dim: int = 512,
+                    layers: int = 6, heads: int = 8, head_dim: int = 64, ffn: int = 2048,
+                    variant: str = "t5", spm_pieces: int = 32000, spm_vocab_size: int = 8000,
+                    extra_ids: int = 100, data_dir: str | os.PathLike | None = None,
+                    max_length: int = 512, seed: int = 0) -> BuildInfo:
+  """A T5-family checkpoint of a published size with random weights, for speed benchmarks.
+
+  The defaults are t5-small's (6 + 6 layers, d 512, 8 heads of 64, FFN 2048, ReLU,
+  tied output, 32,000 pieces + 100 sentinels in an embedding of 32,128 rows). The
+  sentencepiece model is trained (at most ``spm_vocab_size`` pieces, on Multi30k
+  when ``data_dir`` is given, else on generated sentences) and padded with filler
+  pieces to ``spm_pieces``. ``variant`` as ``build_t5``. Outputs are not meaningful.
+  """
+  import torch  # noqa: PLC0415
+  import transformers  # noqa: PLC0415
+
+  model_class, feed_forward, separate_head, _ = T5_VARIANTS[variant]
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(_benchmark_corpus(data_dir, seed)), model_writer=model,
+      vocab_size=spm_vocab_size, model_type="unigram", character_coverage=1.0, num_threads=1,
+      input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
+      minloglevel=2, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+  model_proto = _padded_spm(model.getvalue(), spm_pieces)
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "spiece.model").write_bytes(model_proto)
+    tokenizer = transformers.T5Tokenizer.from_pretrained(workdir, extra_ids=extra_ids)
+  if vocab_size < len(tokenizer):
+    raise ValueError(f"vocab_size={vocab_size} is below the tokenizer's {len(tokenizer)} ids")
+  torch.manual_seed(seed)
+  config_class = transformers.MT5Config if variant == "mt5" else transformers.T5Config
+  config = config_class(
+      vocab_size=vocab_size, d_model=model_dim, d_kv=head_dim, d_ff=ffn, num_layers=layers,
+      num_heads=heads, feed_forward_proj=feed_forward, pad_token_id=0, eos_token_id=1,
+      decoder_start_token_id=0, tie_word_embeddings=not separate_head)
+  hf_model = getattr(transformers, model_class)(config).eval()
+  if separate_head:
+    hf_model.lm_head.weight = torch.nn.Parameter(
+        torch.randn(vocab_size, model_dim) * model_dim ** -0.5)
+  generation_config = transformers.GenerationConfig(decoder_start_token_id=0, eos_token_id=1,
+                                                    pad_token_id=0, max_length=max_length)
+  info = _save(hf_model, tokenizer, generation_config, out, kind=variant, started=started,
+               steps=0, loss=float("nan"), seed=seed)
+  (out / "spiece.model").write_bytes(model_proto)
+  return info
+
+
+def build_random_mbart50(out_dir: str | os.PathLike, *, model_dim: int = 1024, layers: int = 12,
+                         heads: int = 16, ffn: int = 4096, spm_pieces: int = 250000,
+                         spm_vocab_size: int = 8000, data_dir: str | os.PathLike | None = None,
+                         max_positions: int = 1024, max_length: int = 200,
+                         seed: int = 0) -> BuildInfo:
+  """An mBART-50-sized checkpoint with random weights, for speed benchmarks.
+
+  The defaults are mbart-large-50's (12 + 12 layers, d 1024, 16 heads, FFN 4096,
+  GELU, 250,054 ids: 250,000 pieces, the 52 language codes and the fairseq
+  specials), the sentencepiece model trained small and padded with filler pieces
+  to ``spm_pieces``. Outputs are not meaningful.
+  """
+  import torch  # noqa: PLC0415
+  from transformers import (GenerationConfig, MBart50Tokenizer, MBartConfig,  # noqa: PLC0415
+                            MBartForConditionalGeneration)
+
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  model_proto = _padded_spm(_train_spm(_benchmark_corpus(data_dir, seed),
+                                       vocab_size=spm_vocab_size, model_type="unigram",
+                                       exact_size=False), spm_pieces)
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "sentencepiece.bpe.model").write_bytes(model_proto)
+    tokenizer = MBart50Tokenizer.from_pretrained(workdir, bos_token="<s>", src_lang="de_DE",
+                                                 tgt_lang="en_XX")
+  eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+  torch.manual_seed(seed)
+  config = MBartConfig(
+      vocab_size=len(tokenizer), d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
+      encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+      decoder_ffn_dim=ffn, max_position_embeddings=max_positions, activation_function="gelu",
+      scale_embedding=True, dropout=0.1, pad_token_id=pad_id, bos_token_id=0,
+      eos_token_id=eos_id, decoder_start_token_id=eos_id, forced_eos_token_id=eos_id,
+      tokenizer_class="MBart50Tokenizer", **_MBART_LEGACY_FIELDS)
+  model = MBartForConditionalGeneration(config).eval()
+  generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
+                                       eos_token_id=eos_id, forced_eos_token_id=eos_id,
+                                       pad_token_id=pad_id, max_length=max_length)
+  info = _save(model, tokenizer, generation_config, out, kind="mbart", started=started, steps=0,
+               loss=float("nan"), seed=seed)
+  (out / "sentencepiece.bpe.model").write_bytes(model_proto)
   return info
 
 
