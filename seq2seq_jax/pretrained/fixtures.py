@@ -700,13 +700,17 @@ def build_t5(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, variant
   models ship it), ``extra_ids`` sentinels after it (default 100; MADLAD: none) and,
   for ``"t5"``, an embedding padded to a multiple of 128 rows as t5-small's.
 
+  ``out_dir``, ``data_dir``, ``languages``, ``directions``, ``steps``, ``batch_size``,
+  ``learning_rate``, ``max_length``, ``seed`` and ``max_pairs`` are as ``build_m2m100``'s.
+
   Args:
-    out_dir, data_dir, languages, directions, steps, batch_size, learning_rate,
-      max_length, seed, max_pairs: as ``build_m2m100``.
     variant: a key of ``T5_VARIANTS``.
-    model_dim, layers, decoder_layers, heads, head_dim, ffn: ``d_model``,
-      ``num_layers``, ``num_decoder_layers`` (None: the same), ``num_heads``,
-      ``d_kv`` (heads x head_dim need not be model_dim), ``d_ff``.
+    model_dim: ``d_model``.
+    layers: ``num_layers``.
+    decoder_layers: ``num_decoder_layers`` (None: the same as ``layers``).
+    heads: ``num_heads``.
+    head_dim: ``d_kv`` (heads x head_dim need not be model_dim).
+    ffn: ``d_ff``.
     vocab_size: pieces of the sentencepiece model.
     dropout: ``dropout_rate`` while training (saved in config.json).
   """

@@ -5,7 +5,7 @@ with ``save_pretrained`` and loads it here without its tokenizer; the logits of 
 padded batch must match transformers' within 1e-4 (relative to their scale), and
 ``pretrained.save`` must write a directory transformers loads into the same
 outputs. Cheap (seconds a case): the options the trained checkpoints of
-test_models.py / test_families.py do not cover are covered here.
+test_models.py do not cover are covered here.
 """
 
 import json
