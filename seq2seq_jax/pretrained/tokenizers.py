@@ -1,11 +1,12 @@
 """Tokenizers of Hugging Face translation checkpoints (OPUS-MT, M2M100, NLLB-200, mBART-50,
 T5 / mT5 / MADLAD-400), without transformers.
 
-``MarianTokenizer``, ``M2M100Tokenizer``, ``MBart50Tokenizer`` and ``T5Tokenizer``
-read the files the checkpoints ship and run sentencepiece directly;
-``NllbTokenizer`` reads NLLB's ``tokenizer.json`` with the ``tokenizers`` library
-(transformers 5 keeps NLLB only in that form). Ids and decoded text match
-transformers 5's tokenizers. Every tokenizer has ``encode_source(texts, lang,
+``MarianTokenizer`` and ``M2M100Tokenizer`` read the files the checkpoints ship and
+run sentencepiece directly; ``NllbTokenizer`` reads NLLB's ``tokenizer.json`` with
+the ``tokenizers`` library (transformers 5 keeps NLLB only in that form);
+``MBart50Tokenizer`` and ``T5Tokenizer`` run the directory's ``tokenizer.json`` when
+it has one (transformers 5 runs that file for these families) and sentencepiece
+otherwise. Ids and decoded text match transformers 5's tokenizers. Every tokenizer has ``encode_source(texts, lang,
 target_lang=...)``, ``encode_target``, ``target_prefix`` (ids forced first on the
 decoder side) and ``decode_batch``; a language goes where the family puts it
 (M2M100, NLLB, mBART-50: codes on both sides and the target code forced;
@@ -686,6 +687,42 @@ def _import_tokenizers():
   return tokenizers
 
 
+class _JsonPieces:
+  """The pieces of a ``tokenizer.json`` run by the ``tokenizers`` library, without the
+  special tokens its post-processor adds (the tokenizer classes place those).
+
+  transformers 5 runs this file for mBART-50 and the T5 family: its pipeline (a
+  ``▁`` piece for a trailing space or a run of spaces, added tokens cut out of the
+  text with their own spacing) differs from sentencepiece's at those places.
+  """
+
+  def __init__(self, text: str, clean_up: bool):
+    tokenizers = _import_tokenizers()
+    self.text = str(text)
+    try:
+      self._backend = tokenizers.Tokenizer.from_str(self.text)
+    except Exception as error:  # the Rust side raises plain Exceptions
+      raise ValueError(f"tokenizer.json cannot be read by the tokenizers library ({error}): "
+                       "copy the checkpoint's file again or delete it (sentencepiece then "
+                       "runs the model file)") from None
+    self._backend.no_truncation()
+    self._backend.no_padding()
+    self._clean_up = clean_up
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    return [list(e.ids) for e in self._backend.encode_batch(list(texts),
+                                                             add_special_tokens=False)]
+
+  def decode(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    texts = self._backend.decode_batch([list(row) for row in rows], skip_special_tokens=True)
+    return [_clean_up_spaces(text) for text in texts] if self._clean_up else list(texts)
+
+
+def _read_tokenizer_json(directory: pathlib.Path) -> str | None:
+  path = directory / "tokenizer.json"
+  return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
 class NllbTokenizer:
   """NLLB-200's tokenizer from ``tokenizer.json`` (transformers 5 has no sentencepiece form).
 
@@ -829,6 +866,15 @@ _MBART50_LANGUAGE_CODES = tuple(
 _FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0-3 of fairseq's vocabularies
 
 
+def _spm_dict(kind: str, spm_bytes: bytes, config: Mapping[str, Any],
+              pieces: _JsonPieces | None) -> dict[str, Any]:
+  d = {"kind": kind, "format_version": _FORMAT_VERSION, "spm_model": _b64(spm_bytes),
+       "config": dict(config)}
+  if pieces is not None:
+    d["tokenizer_json"] = pieces.text
+  return d
+
+
 def _split_atomic(text: str, pattern: re.Pattern | None) -> list[str]:
   """``text`` cut before and after each match of ``pattern`` (tokens never split), empty
   segments dropped."""
@@ -854,13 +900,14 @@ class MBart50Tokenizer:
   language codes (``ar_AR`` ... ``sl_SI``) and ``<mask>``: 250,054 ids for the
   published models. Both sides are ``[code] pieces </s>``; generation starts from
   EOS and forces the target code first (``target_prefix``). The language codes
-  and the special tokens are cut out of the text before sentencepiece sees it and
-  skipped when decoding, as transformers does. Reads ``sentencepiece.bpe.model``
-  (which the published checkpoints ship; transformers 5's ``save_pretrained``
-  writes only its ``tokenizer.json``), with the ids of transformers on
-  ordinary text; where transformers 5 differs from sentencepiece (it keeps a
-  trailing space as a ``▁`` piece) this class gives sentencepiece's ids, as
-  fairseq does.
+  and the special tokens are cut out of the text and skipped when decoding, as
+  transformers does. Reads ``sentencepiece.bpe.model`` (which the published
+  checkpoints ship) and, when the directory has one, ``tokenizer.json``
+  (transformers 5's ``save_pretrained`` writes it): with it, the pieces come from
+  the ``tokenizers`` library running that file, as transformers 5 runs it, so ids
+  and text are transformers' also where its pipeline differs from sentencepiece (a
+  trailing space or a run of spaces kept as a ``▁`` piece); without it, from
+  sentencepiece, as fairseq has them.
 
   Attributes:
     pad_id, eos_id, unk_id: 1, 2, 3.
@@ -870,7 +917,8 @@ class MBart50Tokenizer:
 
   kind = "mbart50"
 
-  def __init__(self, *, spm_model: bytes, config: Mapping[str, Any]):
+  def __init__(self, *, spm_model: bytes, config: Mapping[str, Any],
+               tokenizer_json: str | None = None):
     """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
     self._config = dict(config)
     self._spm_bytes = bytes(spm_model)
@@ -890,10 +938,12 @@ class MBart50Tokenizer:
     self.source_vocab_size = self.vocab_size
     self.vocab_file = "sentencepiece.bpe.model"  # plus the codes and <mask>
     self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
+    self._json = None if tokenizer_json is None else _JsonPieces(tokenizer_json, self._clean_up)
 
   @classmethod
   def from_directory(cls, path: str | os.PathLike) -> MBart50Tokenizer:
-    """Reads ``sentencepiece.bpe.model`` and ``tokenizer_config.json``."""
+    """Reads ``sentencepiece.bpe.model``, ``tokenizer_config.json`` and, when present,
+    ``tokenizer.json``."""
     directory = pathlib.Path(path).expanduser()
     fix = ("copy the checkpoint's sentencepiece.bpe.model and tokenizer_config.json here "
            "(the published mBART-50 checkpoints ship them; transformers 5's save_pretrained "
@@ -902,7 +952,8 @@ class MBart50Tokenizer:
     if not isinstance(config, dict):
       raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
     config = _legacy_merge(config, directory)
-    return cls(spm_model=_read_bytes(directory / "sentencepiece.bpe.model", fix), config=config)
+    return cls(spm_model=_read_bytes(directory / "sentencepiece.bpe.model", fix), config=config,
+               tokenizer_json=_read_tokenizer_json(directory))
 
   def __repr__(self) -> str:
     return f"MBart50Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
@@ -931,14 +982,17 @@ class MBart50Tokenizer:
     (None: ``src_lang`` of tokenizer_config.json); ``target_lang`` is only checked."""
     if target_lang is not None:
       self._lang_id(target_lang, "target")
-    code = self._lang_id(lang, "source")
-    return [[code, *self._pieces(text), self.eos_id] for text in texts]
+    return self._encode(texts, self._lang_id(lang, "source"))
 
   def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
     """``[code] pieces </s>`` per text, as ``tokenizer(text_target=texts)`` with
     ``tgt_lang=lang``."""
-    code = self._lang_id(lang, "target")
-    return [[code, *self._pieces(text), self.eos_id] for text in texts]
+    return self._encode(texts, self._lang_id(lang, "target"))
+
+  def _encode(self, texts: Sequence[str], code: int) -> list[list[int]]:
+    rows = (self._json.encode(texts) if self._json is not None
+            else [self._pieces(text) for text in texts])
+    return [[code, *row, self.eos_id] for row in rows]
 
   def target_prefix(self, lang: str | None = None) -> list[int]:
     """``[id of lang]``: what generation forces after the decoder start (EOS)."""
@@ -954,23 +1008,29 @@ class MBart50Tokenizer:
   def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
     """Text of each row, ``batch_decode(rows, skip_special_tokens=True)``: a leading EOS (the
     decoder start) is dropped and decoding stops at the next EOS."""
-    return [self._decode(_truncate_at_eos(row, self.eos_id, True)) for row in rows]
+    rows = [_truncate_at_eos(row, self.eos_id, True) for row in rows]
+    if self._json is not None:
+      return self._json.decode(rows)
+    return [self._decode(row) for row in rows]
 
   def to_dict(self) -> dict[str, Any]:
-    """A JSON-serialisable copy (sentencepiece model in base64); ``from_dict`` restores it."""
-    return {"kind": self.kind, "format_version": _FORMAT_VERSION,
-            "spm_model": _b64(self._spm_bytes), "config": dict(self._config)}
+    """A JSON-serialisable copy (sentencepiece model in base64, tokenizer.json as text);
+    ``from_dict`` restores it."""
+    return _spm_dict(self.kind, self._spm_bytes, self._config, self._json)
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> MBart50Tokenizer:
     _check_kind(d, cls.kind)
-    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind))
+    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind),
+               tokenizer_json=d.get("tokenizer_json"))
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes a directory that transformers' ``MBart50Tokenizer.from_pretrained`` loads."""
     directory = pathlib.Path(path).expanduser()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sentencepiece.bpe.model").write_bytes(self._spm_bytes)
+    if self._json is not None:
+      (directory / "tokenizer.json").write_text(self._json.text, encoding="utf-8")
     config = {key: value for key, value in self._config.items()
               if key not in ("backend", "added_tokens_decoder")}
     _write_json(directory / "tokenizer_config.json",
@@ -988,9 +1048,13 @@ class T5Tokenizer:
 
   Ids are the sentencepiece model's own (``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2 in T5's
   models), then ``extra_ids`` sentinels (tokenizer_config.json, default 100) in
-  reverse: ``<extra_id_0>`` is the last id. Text is pieces then EOS on both sides;
-  the sentinels and the model's user-defined pieces are cut out of the text first,
-  as transformers' tokenizer does. Decoding skips pad, EOS, unk and the sentinels.
+  reverse: ``<extra_id_0>`` is the last id. Text is pieces then EOS on both sides.
+  When the directory has a ``tokenizer.json`` (transformers 5's ``save_pretrained``
+  writes it; the published checkpoints mostly ship it) the pieces come from the
+  ``tokenizers`` library running it, as transformers 5 runs it; otherwise from
+  sentencepiece, with the special tokens, the sentinels and the model's
+  user-defined pieces cut out of the text first. Decoding skips pad, EOS, unk and
+  the sentinels.
   MADLAD-400 marks the target language with a ``<2xx>`` piece in front of the
   source: ``encode_source(texts, target_lang="de")`` gives the ids of
   ``"<2de> " + text``.
@@ -1004,7 +1068,8 @@ class T5Tokenizer:
 
   kind = "t5"
 
-  def __init__(self, *, spm_model: bytes, config: Mapping[str, Any]):
+  def __init__(self, *, spm_model: bytes, config: Mapping[str, Any],
+               tokenizer_json: str | None = None):
     """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
     from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415
 
@@ -1036,6 +1101,10 @@ class T5Tokenizer:
     self.pad_id = token_id("pad_token", "<pad>")
     self.eos_id = token_id("eos_token", "</s>")
     self.unk_id = token_id("unk_token", "<unk>")
+    # Special tokens written in the text are theirs, as transformers cuts them out.
+    self._atomic.update({self._sp.id_to_piece(i): i
+                         for i in (self.pad_id, self.eos_id, self.unk_id)})
+    self._pattern = _atomic_pattern(list(self._atomic))
     self._skipped = {self.pad_id, self.eos_id, self.unk_id, *self._sentinels.values()}
     self._pieces_count = pieces
     self.vocab_size = pieces + extra_ids
@@ -1045,10 +1114,12 @@ class T5Tokenizer:
         match.group(1) for i in range(pieces)
         if (match := _MADLAD_CODE.fullmatch(self._sp.id_to_piece(i))))
     self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
+    self._json = None if tokenizer_json is None else _JsonPieces(tokenizer_json, self._clean_up)
 
   @classmethod
   def from_directory(cls, path: str | os.PathLike) -> T5Tokenizer:
-    """Reads ``spiece.model`` and ``tokenizer_config.json`` (absent: T5's defaults)."""
+    """Reads ``spiece.model``, ``tokenizer_config.json`` (absent: T5's defaults) and,
+    when present, ``tokenizer.json``."""
     directory = pathlib.Path(path).expanduser()
     fix = ("copy the checkpoint's spiece.model here (the published T5, mT5 and MADLAD-400 "
            "checkpoints ship it; transformers 5's save_pretrained writes only tokenizer.json)")
@@ -1058,7 +1129,8 @@ class T5Tokenizer:
       if not isinstance(config, dict):
         raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
     config = _legacy_merge(config, directory)
-    return cls(spm_model=_read_bytes(directory / "spiece.model", fix), config=config)
+    return cls(spm_model=_read_bytes(directory / "spiece.model", fix), config=config,
+               tokenizer_json=_read_tokenizer_json(directory))
 
   def __repr__(self) -> str:
     return f"T5Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
@@ -1068,11 +1140,16 @@ class T5Tokenizer:
       raise _unknown_language(lang, self.languages, "T5Tokenizer (the <2xx> target codes of "
                                                     "spiece.model)")
 
-  def _encode(self, text: str) -> list[int]:
-    ids = []
-    for segment in _split_atomic(text, self._pattern):
-      ids += [self._atomic[segment]] if segment in self._atomic else self._sp.encode(segment)
-    return ids + [self.eos_id]
+  def _encode(self, texts: Sequence[str]) -> list[list[int]]:
+    if self._json is not None:
+      return [row + [self.eos_id] for row in self._json.encode(texts)]
+    rows = []
+    for text in texts:
+      ids = []
+      for segment in _split_atomic(text, self._pattern):
+        ids += [self._atomic[segment]] if segment in self._atomic else self._sp.encode(segment)
+      rows.append(ids + [self.eos_id])
+    return rows
 
   def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
                     target_lang: str | None = None) -> list[list[int]]:
@@ -1090,12 +1167,12 @@ class T5Tokenizer:
     self._check_target(target_lang)
     if target_lang is not None:
       texts = [f"<2{target_lang}> {text}" for text in texts]
-    return [self._encode(text) for text in texts]
+    return self._encode(texts)
 
   def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
     """Target ids, pieces then EOS (``lang`` is only checked: the target carries no code)."""
     self._check_target(lang)
-    return [self._encode(text) for text in texts]
+    return self._encode(texts)
 
   def target_prefix(self, lang: str | None = None) -> list[int]:
     """Ids forced after the decoder start: none (``lang`` is only checked)."""
@@ -1109,23 +1186,29 @@ class T5Tokenizer:
 
   def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
     """Text of each row up to its first EOS: ``batch_decode(rows, skip_special_tokens=True)``."""
-    return [self._decode(_truncate_at_eos(row, self.eos_id, False)) for row in rows]
+    rows = [_truncate_at_eos(row, self.eos_id, False) for row in rows]
+    if self._json is not None:
+      return self._json.decode(rows)
+    return [self._decode(row) for row in rows]
 
   def to_dict(self) -> dict[str, Any]:
-    """A JSON-serialisable copy (sentencepiece model in base64); ``from_dict`` restores it."""
-    return {"kind": self.kind, "format_version": _FORMAT_VERSION,
-            "spm_model": _b64(self._spm_bytes), "config": dict(self._config)}
+    """A JSON-serialisable copy (sentencepiece model in base64, tokenizer.json as text);
+    ``from_dict`` restores it."""
+    return _spm_dict(self.kind, self._spm_bytes, self._config, self._json)
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> T5Tokenizer:
     _check_kind(d, cls.kind)
-    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind))
+    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind),
+               tokenizer_json=d.get("tokenizer_json"))
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes a directory that transformers' ``T5Tokenizer.from_pretrained`` loads."""
     directory = pathlib.Path(path).expanduser()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "spiece.model").write_bytes(self._spm_bytes)
+    if self._json is not None:
+      (directory / "tokenizer.json").write_text(self._json.text, encoding="utf-8")
     config = {key: value for key, value in self._config.items()
               if key not in ("backend", "added_tokens_decoder")}
     _write_json(directory / "tokenizer_config.json",
