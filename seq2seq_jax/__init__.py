@@ -15,6 +15,7 @@ from seq2seq_jax.configs import DecodeConfig as DecodeConfig
 from seq2seq_jax.configs import DecomposableAttentionConfig as DecomposableAttentionConfig
 from seq2seq_jax.configs import ExperimentConfig as ExperimentConfig
 from seq2seq_jax.configs import RNNConfig as RNNConfig
+from seq2seq_jax.configs import T5Config as T5Config
 from seq2seq_jax.configs import TrainConfig as TrainConfig
 from seq2seq_jax.configs import TransformerConfig as TransformerConfig
 from seq2seq_jax.decoding import StepFn as StepFn
@@ -34,6 +35,7 @@ from seq2seq_jax.models.ensemble import Ensemble as Ensemble
 from seq2seq_jax.models.ensemble import ensemble_params as ensemble_params
 from seq2seq_jax.models.registry import build_model as build_model
 from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq as RNNSeq2Seq
+from seq2seq_jax.models.t5 import T5 as T5
 from seq2seq_jax.models.transformer import Transformer as Transformer
 from seq2seq_jax.presets import apply_overrides as apply_overrides
 from seq2seq_jax.presets import get_preset as get_preset
@@ -91,12 +93,14 @@ __all__ = [
     "DecomposableAttentionConfig",
     "ExperimentConfig",
     "RNNConfig",
+    "T5Config",
     "TrainConfig",
     "TransformerConfig",
     "get_preset",
     "apply_overrides",
     # models
     "Transformer",
+    "T5",
     "RNNSeq2Seq",
     "DecomposableAttention",
     "Ensemble",

@@ -96,8 +96,8 @@ def transformer_flops_per_token(config: TransformerConfig, *, source_len: int, t
   per source token and decoder layer the cross-attention keys and values (4 D^2);
   per target token and decoder layer causal self attention computed over all T
   keys (8 D^2 + 4 T D), the cross-attention query and output (4 D^2) and its
-  attention over S keys (4 S D), the feed-forward layer (4 D F); and the output
-  projection (2 D V). Embedding lookups are gathers and cost nothing here.
+  attention over S keys (4 S D), the feed-forward layer (4 D F, each side its own
+  F); and the output projection (2 D V). Embedding lookups are gathers and cost nothing here.
 
   Args:
     config: the model.
@@ -108,12 +108,13 @@ def transformer_flops_per_token(config: TransformerConfig, *, source_len: int, t
   Returns:
     FLOPs of the whole pass divided by ``target_len``.
   """
-  d, f, v = config.model_dim, config.mlp_dim, config.vocab_size
+  d, v = config.model_dim, config.output_vocab_size
+  f_encoder, f_decoder = config.encoder_stack.mlp_dim, config.decoder_stack.mlp_dim
   s, t = source_len, target_len
-  encoder_per_source = config.num_encoder_layers * (8 * d * d + 4 * s * d + 4 * d * f)
+  encoder_per_source = config.num_encoder_layers * (8 * d * d + 4 * s * d + 4 * d * f_encoder)
   cross_kv_per_source = config.num_decoder_layers * 4 * d * d
   decoder_per_target = config.num_decoder_layers * (
-      8 * d * d + 4 * t * d + 4 * d * d + 4 * s * d + 4 * d * f)
+      8 * d * d + 4 * t * d + 4 * d * d + 4 * s * d + 4 * d * f_decoder)
   forward = s * (encoder_per_source + cross_kv_per_source) + t * (decoder_per_target + 2 * d * v)
   return (3.0 if training else 1.0) * forward / t
 

@@ -8,7 +8,7 @@ the value and what would work.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
@@ -44,7 +44,7 @@ def compute_dtype(name: str) -> Any:
   return _DTYPES[name]
 
 
-def _check_special_ids(config: TransformerConfig | RNNConfig,
+def _check_special_ids(config: TransformerConfig | T5Config | RNNConfig,
                        vocab_sizes: dict[str, int]) -> None:
   """pad / decoder start / eos ids must lie in the vocabularies; pad and eos must differ."""
   for field in ("pad_id", "decoder_start_id", "eos_id"):
@@ -63,6 +63,15 @@ POSITIONS = ("sinusoidal", "learned", "sinusoidal_marian", "sinusoidal_fairseq")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish")
 
 
+class StackShape(NamedTuple):
+  """The sizes of one side (encoder or decoder) of an encoder-decoder model."""
+
+  num_layers: int  # L
+  num_heads: int  # H of its self attention (and, for a decoder, its cross attention)
+  head_dim: int  # K
+  mlp_dim: int  # F of its feed-forward layers
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
   """The Transformer of Vaswani et al. 2017; the defaults are the paper's base model.
@@ -73,10 +82,10 @@ class TransformerConfig:
 
   vocab_size: int  # joint source/target vocabulary (the source one if target_vocab_size is set)
   model_dim: int = 512  # D, width of every residual stream
-  num_heads: int = 8  # H; model_dim must be a multiple of it
+  num_heads: int = 8  # H (the decoder's too unless decoder_num_heads); divides model_dim
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
-  mlp_dim: int = 2048  # F, hidden width of the position-wise feed-forward layers
+  mlp_dim: int = 2048  # F, feed-forward hidden width (the decoder's too unless decoder_mlp_dim)
   dropout_rate: float = 0.1  # on embeddings, sublayer outputs and the FFN hidden layer
   attention_dropout_rate: float = 0.0  # on attention weights
   max_len: int = 256  # rows of the position table: longest source or target the model accepts
@@ -89,21 +98,31 @@ class TransformerConfig:
   activation: str = "relu"  # feed-forward nonlinearity: relu, gelu (erf), gelu_tanh, swish (SiLU)
   activation_dropout_rate: float | None = None  # on the FFN hidden layer; None = dropout_rate
   scale_embeddings: bool = True  # multiply looked-up token vectors by sqrt(model_dim)
-  position_offset: int = 0  # position p reads row p + offset of the formula (fairseq: pad_id + 1)
+  position_offset: int = 0  # position p: row p + offset (fairseq: pad_id + 1; mBART's learned: 2)
   layer_norm_epsilon: float = 1e-6
   output_bias: bool = False  # a learned bias on the tied output logits (Marian's final_logits_bias)
   target_vocab_size: int = 0  # decoder vocabulary when it differs from the source's; 0 = same
   pad_id: int = 0  # the token that fills rows after their end; masked everywhere
   decoder_start_id: int = 1  # the decoder's first input (BOS here; pad for Marian, eos for M2M100)
   eos_id: int = 2  # the token that ends an output
+  # Encoder and decoder apart (transformers declares each side on its own): 0 = as above.
+  decoder_num_heads: int = 0  # the decoder's H (self and cross attention); 0 = num_heads
+  decoder_mlp_dim: int = 0  # the decoder's F; 0 = mlp_dim
+  embedding_norm: bool = False  # LayerNorm on embeddings + positions (mBART: layernorm_embedding)
 
   def __post_init__(self):
     _check_positive(self, "vocab_size", "model_dim", "num_heads", "num_encoder_layers",
                     "num_decoder_layers", "mlp_dim", "max_len")
-    if self.model_dim % self.num_heads:
-      _fail(self, "model_dim", self.model_dim,
-            f"must be divisible by num_heads={self.num_heads} "
-            f"({self.model_dim} % {self.num_heads} = {self.model_dim % self.num_heads})")
+    for field in ("decoder_num_heads", "decoder_mlp_dim"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        _fail(self, field, value, "must be an integer >= 0 (0 means the encoder's value)")
+    for field, heads in (("num_heads", self.num_heads),
+                         ("decoder_num_heads", self.decoder_stack.num_heads)):
+      if self.model_dim % heads:
+        _fail(self, "model_dim", self.model_dim,
+              f"must be divisible by {field}={heads} "
+              f"({self.model_dim} % {heads} = {self.model_dim % heads})")
     _check_rate(self, "dropout_rate", "attention_dropout_rate")
     if self.activation_dropout_rate is not None:
       _check_rate(self, "activation_dropout_rate")
@@ -131,7 +150,21 @@ class TransformerConfig:
 
   @property
   def head_dim(self) -> int:
+    """K of the encoder (``encoder_stack.head_dim``)."""
     return self.model_dim // self.num_heads
+
+  @property
+  def encoder_stack(self) -> StackShape:
+    """Layers, heads, per-head width and feed-forward width of the encoder."""
+    return StackShape(self.num_encoder_layers, self.num_heads, self.model_dim // self.num_heads,
+                      self.mlp_dim)
+
+  @property
+  def decoder_stack(self) -> StackShape:
+    """Layers, heads, per-head width and feed-forward width of the decoder."""
+    heads = self.decoder_num_heads or self.num_heads
+    return StackShape(self.num_decoder_layers, heads, self.model_dim // heads,
+                      self.decoder_mlp_dim or self.mlp_dim)
 
   @property
   def output_vocab_size(self) -> int:
@@ -142,6 +175,75 @@ class TransformerConfig:
   def ffn_dropout_rate(self) -> float:
     """Dropout on the feed-forward hidden layer."""
     return self.dropout_rate if self.activation_dropout_rate is None else self.activation_dropout_rate
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class T5Config:
+  """The T5 encoder-decoder (Raffel et al. 2020) and its translation models (mT5, MADLAD-400).
+
+  Pre-norm layers with RMSNorm and no biases anywhere; no position table: each
+  stack's self attention adds a learned relative position bias (bidirectional in
+  the encoder, causal in the decoder); unscaled dot-product attention; ReLU or
+  gated-GELU feed-forward layers; token vectors not scaled. The defaults are
+  t5-small's; ``seq2seq_jax.pretrained`` reads the published configs.
+
+  Example:
+    >>> config = T5Config(vocab_size=100, model_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+    ...                   activation="gelu_tanh", gated_ffn=True)
+    >>> config.decoder_start_id == config.pad_id  # T5 starts decoding from its pad id
+    True
+  """
+
+  vocab_size: int  # one table for encoder, decoder and (when tied) the output
+  model_dim: int = 512  # D (d_model)
+  num_heads: int = 8  # H of every attention layer
+  head_dim: int = 64  # K (d_kv); num_heads * head_dim need not equal model_dim (mT5-small: 384)
+  mlp_dim: int = 2048  # F (d_ff)
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  relative_buckets: int = 32  # relative_attention_num_buckets, both directions together
+  relative_max_distance: int = 128  # offsets beyond share the last bucket
+  activation: str = "relu"  # relu (T5), gelu_tanh (gelu_new: v1.1, mT5, MADLAD), gelu, swish
+  gated_ffn: bool = False  # act(x W0) * (x W1), then W2: the "gated-gelu" of v1.1 and after
+  dropout_rate: float = 0.1  # on embeddings, sublayer outputs, FFN hidden layer, attention weights
+  layer_norm_epsilon: float = 1e-6
+  tie_output: bool = True  # logits from the token table; False: a separate lm_head
+  scale_output: bool = True  # the decoder's output times model_dim ** -0.5 before the logits
+  max_len: int = 512  # longest source or target accepted (no position table: a limit only)
+  dtype: str = "float32"  # compute dtype; parameters stay float32
+  pad_id: int = 0
+  decoder_start_id: int = 0  # T5 starts decoding from pad
+  eos_id: int = 1
+
+  def __post_init__(self):
+    _check_positive(self, "vocab_size", "model_dim", "num_heads", "head_dim", "mlp_dim",
+                    "num_encoder_layers", "num_decoder_layers", "relative_buckets",
+                    "relative_max_distance", "max_len")
+    if self.relative_buckets < 4:
+      _fail(self, "relative_buckets", self.relative_buckets,
+            "must be >= 4 (half per direction, half of those exact)")
+    if self.relative_max_distance < self.relative_buckets // 4:
+      _fail(self, "relative_max_distance", self.relative_max_distance,
+            f"must be >= relative_buckets / 4 = {self.relative_buckets // 4}")
+    _check_rate(self, "dropout_rate")
+    _check_choice(self, "activation", ACTIVATIONS)
+    _check_choice(self, "dtype", tuple(_DTYPES))
+    if not self.layer_norm_epsilon > 0:
+      _fail(self, "layer_norm_epsilon", self.layer_norm_epsilon, "must be > 0")
+    _check_special_ids(self, {"source": self.vocab_size, "target": self.vocab_size})
+
+  @property
+  def output_vocab_size(self) -> int:
+    """Columns of the logits (the one vocabulary)."""
+    return self.vocab_size
+
+  @property
+  def encoder_stack(self) -> StackShape:
+    return StackShape(self.num_encoder_layers, self.num_heads, self.head_dim, self.mlp_dim)
+
+  @property
+  def decoder_stack(self) -> StackShape:
+    return StackShape(self.num_decoder_layers, self.num_heads, self.head_dim, self.mlp_dim)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -437,7 +539,7 @@ class TrainConfig:
 
 
 # ExperimentConfig.to_dict writes the model's kind under this key; from_dict reads it back.
-_MODEL_KINDS = {"transformer": TransformerConfig, "rnn": RNNConfig}
+_MODEL_KINDS = {"transformer": TransformerConfig, "rnn": RNNConfig, "t5": T5Config}
 
 
 def _section_from_dict(cls: type, values: Any, where: str):
@@ -467,7 +569,8 @@ class ExperimentConfig:
 
   Saved with every run and checkpoint (``to_dict``, JSON-serialisable) and read
   back with ``from_dict``, which names any unknown field. The model section
-  carries its kind (``"transformer"`` or ``"rnn"``) under the key ``"kind"``.
+  carries its kind (``"transformer"``, ``"t5"`` or ``"rnn"``) under the key ``"kind"``;
+  a model section without one is a Transformer's (configs written before the key).
 
   Example:
     >>> config = ExperimentConfig(model=TransformerConfig(vocab_size=500, model_dim=32,
@@ -477,14 +580,15 @@ class ExperimentConfig:
     True
   """
 
-  model: TransformerConfig | RNNConfig  # the encoder-decoder to train
+  model: TransformerConfig | T5Config | RNNConfig  # the encoder-decoder to train
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
   decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)  # validation BLEU decoding
 
   def __post_init__(self):
     if not isinstance(self.model, tuple(_MODEL_KINDS.values())):
-      _fail(self, "model", type(self.model).__name__, "must be a TransformerConfig or an RNNConfig")
+      _fail(self, "model", type(self.model).__name__,
+            "must be a TransformerConfig, a T5Config or an RNNConfig")
     for field, cls in (("data", DataConfig), ("train", TrainConfig), ("decode", DecodeConfig)):
       if not isinstance(getattr(self, field), cls):
         _fail(self, field, type(getattr(self, field)).__name__, f"must be a {cls.__name__}")
@@ -496,7 +600,7 @@ class ExperimentConfig:
 
   @property
   def model_kind(self) -> str:
-    """``"transformer"`` or ``"rnn"``."""
+    """``"transformer"``, ``"t5"`` or ``"rnn"``."""
     return next(k for k, cls in _MODEL_KINDS.items() if isinstance(self.model, cls))
 
   def to_dict(self) -> dict[str, Any]:

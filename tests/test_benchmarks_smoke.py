@@ -116,6 +116,29 @@ def test_pretrained_opus_mt_quick(tmp_path):
 
 @pytest.mark.slow
 @NEEDS_BENCH_EXTRA
+def test_pretrained_families_quick(tmp_path):
+  payload = _run("pretrained_families", tmp_path)
+  _check_rows(payload["rows"], "tokens/s")
+  systems = {(r["task"], r["system"]) for r in payload["rows"]}
+  for model in ("T5-small-sized", "mBART-sized"):
+    for search in ("greedy", "beam4"):
+      task = f"{model} {search} batch 32"
+      assert {(task, s) for s in ("seq2seq_jax", "HF generate", "CTranslate2")} <= systems
+    # The same weights give the same greedy tokens in all three runtimes.
+    agreement = payload["agreement"][model]
+    assert agreement["HF identical rows"] == 1.0, agreement
+    assert agreement["CTranslate2 identical rows"] == 1.0, agreement
+  loads = {(r["model"], r["load"]): r for r in payload["loads"]}
+  assert len(loads) == 6
+  for row in loads.values():
+    assert row["seconds"] > 0 and row["param MB"] > 0 and row["peak - start MB"] >= 0
+  assert [r["model"] for r in payload["finite_check"]] == ["T5-small-sized", "mBART-sized"]
+  assert all(r["load s (check)"] > 0 and r["load s (no check)"] > 0
+             for r in payload["finite_check"])
+
+
+@pytest.mark.slow
+@NEEDS_BENCH_EXTRA
 def test_translate_file_quick(tmp_path):
   payload = _run("translate_file", tmp_path)
   _check_rows(payload["rows"], "sentences/s")

@@ -79,14 +79,26 @@ class CompileReport:
 
 
 def describe_model(model: nn.Module) -> str:
-  """``"Transformer 6+6 d512 h8 f2048 V32000 bfloat16"``-like: what a report is about."""
+  """``"Transformer 6+6 d512 h8 f2048 V32000 bfloat16"``-like: what a report is about.
+
+  Encoder and decoder that differ show both, encoder first: ``"Transformer 12+2
+  d512 h8/4 f2048/1024 ..."``; T5 adds its per-head width and feed-forward form:
+  ``"T5 24+24 d1024 h16 k128 f8192 gated-gelu_tanh V256000 float32"``.
+  """
   config = getattr(model, "config", None)
   if config is None:
     return type(model).__name__
-  if hasattr(config, "num_heads"):
-    return (f"{type(model).__name__} {config.num_encoder_layers}+{config.num_decoder_layers} "
-            f"d{config.model_dim} h{config.num_heads} f{config.mlp_dim} "
-            f"V{config.vocab_size} {config.dtype}")
+  if hasattr(config, "encoder_stack"):
+    encoder, decoder = config.encoder_stack, config.decoder_stack
+    both = lambda a, b: f"{a}" if a == b else f"{a}/{b}"
+    width = f" k{config.head_dim}" if hasattr(config, "gated_ffn") else ""
+    form = ""
+    if hasattr(config, "gated_ffn"):
+      form = f" {'gated-' if config.gated_ffn else ''}{config.activation}"
+    return (f"{type(model).__name__} {encoder.num_layers}+{decoder.num_layers} "
+            f"d{config.model_dim} h{both(encoder.num_heads, decoder.num_heads)}{width} "
+            f"f{both(encoder.mlp_dim, decoder.mlp_dim)}{form} V{config.vocab_size} "
+            f"{config.dtype}")
   if hasattr(config, "hidden_dim") and hasattr(config, "cell"):
     return (f"{type(model).__name__} {config.cell} {config.num_encoder_layers}+"
             f"{config.num_decoder_layers} h{config.hidden_dim} {config.attention} "

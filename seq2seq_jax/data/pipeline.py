@@ -121,6 +121,15 @@ def languages(data_config: DataConfig, tokenizer: Tokenizer) -> tuple[str | None
   return None, None
 
 
+def _encode_sources(tokenizer: Tokenizer, texts: list[str],
+                    langs: tuple[str | None, str | None]) -> list[list[int]]:
+  """Source ids; the target language goes along when there is one (checkpoints that mark
+  it in the source: multilingual OPUS-MT, MADLAD-400)."""
+  if langs[1] is None:
+    return tokenizer.encode_source(texts, langs[0])
+  return tokenizer.encode_source(texts, langs[0], target_lang=langs[1])
+
+
 def token_lengths(pairs: TextPairs, tokenizer: Tokenizer, *, chunk: int = 4096,
                   langs: tuple[str | None, str | None] = (None, None)
                   ) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +144,7 @@ def token_lengths(pairs: TextPairs, tokenizer: Tokenizer, *, chunk: int = 4096,
     batch = pairs.__getitems__(list(range(start, min(start + chunk, len(pairs)))))
     stop = start + len(batch)
     sources, targets = [s for s, _ in batch], [t for _, t in batch]
-    source_len_N[start:stop] = [len(ids) for ids in tokenizer.encode_source(sources, langs[0])]
+    source_len_N[start:stop] = [len(ids) for ids in _encode_sources(tokenizer, sources, langs)]
     target_len_N[start:stop] = [len(ids) for ids in tokenizer.encode_target(targets, langs[1])]
   return source_len_N, target_len_N
 
@@ -246,7 +255,8 @@ class _MakeBatch:
     inputs_BL = np.full((rows, length), pad_id, np.int32)
     targets_BL = np.full((rows, length), pad_id, np.int32)
     for out_BL, encode, side, limit in (
-        (inputs_BL, self._tokenizer.encode_source, 0, self._max_source_len),
+        (inputs_BL, lambda t, _: _encode_sources(self._tokenizer, t, self._langs), 0,
+         self._max_source_len),
         (targets_BL, self._tokenizer.encode_target, 1, self._max_target_len)):
       encoded = encode([pair[side] for pair in texts], self._langs[side])
       for row, pieces in zip(real, encoded):

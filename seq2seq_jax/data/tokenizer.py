@@ -113,9 +113,12 @@ class Tokenizer:
   def source_vocab_size(self) -> int:
     return self.vocab_size
 
-  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
-    """Model inputs: each text's pieces and EOS. ``lang`` must be None (one pair)."""
+  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
+                    target_lang: str | None = None) -> list[list[int]]:
+    """Model inputs: each text's pieces and EOS. ``lang`` and ``target_lang`` must be
+    None (one pair)."""
     self._no_language(lang)
+    self._no_language(target_lang)
     return [ids + [EOS_ID] for ids in self.encode_batch(texts)]
 
   def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:

@@ -107,10 +107,13 @@ def check_cache(cache: PyTree, rows: int, what: str = "cache") -> None:
 
 def never_emitted(*, bos_id: int, eos_id: int, pad_id: int = PAD_ID,
                   rules: TokenRules = TokenRules()) -> tuple[int, ...]:
-  """The ids a search never emits: PAD, the decoder start (unless it is EOS), suppressed ids."""
-  never = {pad_id, bos_id} | set(rules.suppress_ids)
-  if bos_id == eos_id:
-    never.discard(eos_id)
+  """The ids a search never emits: PAD, the decoder start (unless it is EOS), suppressed ids.
+
+  A suppressed EOS stays suppressed where the decoder start is EOS too (M2M100, mBART).
+  """
+  never = {pad_id} | set(rules.suppress_ids)
+  if bos_id != eos_id:
+    never.add(bos_id)
   return tuple(sorted(never))
 
 

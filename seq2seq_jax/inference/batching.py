@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -143,3 +144,12 @@ def truncate_rows(rows: Sequence[Sequence[int]], limit: int, *, what: str = "sen
       ids = list(ids[:limit - 1]) + list(ids[-1:])
     out.append(ids if isinstance(ids, list) else list(ids))
   return out
+
+
+def encode_sources(tokenizer: Any, texts: Sequence[str], source_lang: str | None,
+                   target_lang: str | None) -> list[list[int]]:
+  """``tokenizer.encode_source`` with the target language passed only when given (a
+  tokenizer written for the older ``encode_source(texts, lang)`` keeps working)."""
+  if target_lang is None:
+    return tokenizer.encode_source(list(texts), source_lang)
+  return tokenizer.encode_source(list(texts), source_lang, target_lang=target_lang)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seq2seq_jax.data.tokenizer import tokenizer_from_json, tokenizer_to_json
-from seq2seq_jax.inference.batching import pad_batch, plan_batches, truncate_rows
+from seq2seq_jax.inference.batching import encode_sources, pad_batch, plan_batches, truncate_rows
 
 FORMAT = "seq2seq_jax.exported"
 FORMAT_VERSION = 1
@@ -229,7 +229,8 @@ class ExportedTranslator:
     outputs: list[Any] = [("", 0.0) if return_scores else ""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     encoded = truncate_rows(
-        self.tokenizer.encode_source([sentences[i] for i in todo], manifest["source_lang"]),
+        encode_sources(self.tokenizer, [sentences[i] for i in todo], manifest["source_lang"],
+                       manifest.get("target_lang")),
         manifest["max_source_len"])
     lengths = sorted({length for _, length in self.shapes})
     counts = sorted({count for count, _ in self.shapes})

@@ -588,6 +588,7 @@ class _Run:
         i for i, line in enumerate(lines) if line.strip()]
     numbers = [first + i + 1 for i in todo]
     encoded = self.translator.encode([lines[i] for i in todo], self.source_lang,
+                                     target_lang=self.target_lang,
                                      numbers=numbers, what=f"{name}: line",
                                      on_truncate=self._on_truncate(f"{name}: line"))
     decoded_lines = set(todo)

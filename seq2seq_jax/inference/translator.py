@@ -34,7 +34,8 @@ from seq2seq_jax import text_controls
 from seq2seq_jax.decoding import check_controls, length_penalty, search_fn
 from seq2seq_jax.layers.partitioning import activation_sharding
 from seq2seq_jax.inference.batching import (PlannedBatch, TruncationHandler, bucket_length,
-                                            pad_batch, plan_batches, truncate_rows)
+                                            encode_sources, pad_batch, plan_batches,
+                                            truncate_rows)
 from seq2seq_jax.models.base import special_ids
 from seq2seq_jax.training.sharding import DATA_AXIS, make_mesh
 from seq2seq_jax.types import Array, PyTree
@@ -345,20 +346,23 @@ class Translator:
 
   # ---- tokens --------------------------------------------------------------------------------
   def encode(self, sentences: Sequence[str], source_lang: str | None = None, *,
-             numbers: Sequence[int] | None = None, what: str = "sentence",
+             target_lang: str | None = None, numbers: Sequence[int] | None = None,
+             what: str = "sentence",
              on_truncate: TruncationHandler | None = None) -> list[list[int]]:
-    """Token ids of each sentence as the model reads them (language code and EOS
+    """Token ids of each sentence as the model reads them (language codes and EOS
     included, as the tokenizer adds them), truncated to ``max_source_len``.
 
     Args:
       sentences: source texts.
       source_lang: a multilingual checkpoint's source language code.
+      target_lang: the target language, for checkpoints that mark it in the source
+        (multilingual OPUS-MT's ``>>xx<<``, MADLAD-400's ``<2xx>``).
       numbers: how warnings name each sentence (e.g. its line number); default its index.
       what: the noun before the number in warnings ("sentence", "input.de: line").
       on_truncate: called as ``on_truncate(number, tokens, limit)`` for each truncated
         sentence instead of the warning.
     """
-    rows = self.tokenizer.encode_source(list(sentences), source_lang)
+    rows = encode_sources(self.tokenizer, list(sentences), source_lang, target_lang)
     return truncate_rows(rows, self.max_source_len, what=what, numbers=numbers,
                          on_truncate=on_truncate)
 
@@ -453,8 +457,9 @@ class Translator:
         language code included (as transformers' ``max_new_tokens``); default: the
         ratio rule of ``max_decode_len()``.
       source_lang, target_lang: language codes of multilingual checkpoints
-        (M2M100 "de", NLLB "deu_Latn"); the target's code is forced as the first
-        output token. Must be None for single-pair models.
+        (M2M100 "de", NLLB "deu_Latn", mBART-50 "de_DE"; the target's code is forced
+        as the first output token; OPUS-MT and MADLAD-400 mark only the target, in
+        front of the source). Must be None for single-pair models.
       target_prefix: one text per sentence ('' for none) that its translation must
         begin with (after a forced language code); the search goes on from there.
       constraints: one list of phrases per sentence ([] for none) that its
@@ -476,7 +481,7 @@ class Translator:
                                         **decode_options)
     outputs = [""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
-    encoded = self.encode([sentences[i] for i in todo], source_lang)
+    encoded = self.encode([sentences[i] for i in todo], source_lang, target_lang=target_lang)
     controls = text_controls.sentence_controls(
         self.tokenizer, config, eos_id=self.ids.eos_id, count=len(sentences), todo=todo,
         target_prefix=target_prefix, constraints=constraints, target_lang=target_lang)
@@ -546,7 +551,7 @@ class Translator:
       raise ValueError(f"score needs one target per source; got {len(sources)} sources and "
                        f"{len(targets)} targets")
     prefix = len(self.tokenizer.target_prefix(target_lang))
-    return self.score_ids(self.encode(list(sources), source_lang),
+    return self.score_ids(self.encode(list(sources), source_lang, target_lang=target_lang),
                           self.encode_targets(list(targets), target_lang), prefix=prefix)
 
   def score_ids(self, inputs: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], *,

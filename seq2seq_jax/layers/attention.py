@@ -95,8 +95,9 @@ def _check_mask(mask: Array, batch: int, heads: int, queries: int, keys: int) ->
 def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Array | None = None,
                           *, dropout_rng: jax.Array | None = None, dropout_rate: float = 0.0,
                           deterministic: bool = True, return_weights: bool = False,
-                          implementation: str | None = None) -> Array | tuple[Array, Array]:
-  """softmax(Q K^T / sqrt(K) + mask) V, as einsums.
+                          implementation: str | None = None, bias: Array | None = None,
+                          scale: float | None = None) -> Array | tuple[Array, Array]:
+  """softmax(Q K^T / sqrt(K) + bias + mask) V, as einsums.
 
   Args:
     q_BTHK: queries.
@@ -104,6 +105,9 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
     v_BSHK: values.
     mask: bool ``[B, 1 or H, T or 1, S]``, True = may attend. A query row with no
       allowed key gets uniform weights (finite), never NaN.
+    bias: optional float ``[B or 1, H or 1, T, S]`` added to the scores before the
+      mask (T5's relative position bias), in float32.
+    scale: what the scores are multiplied by; None is ``1 / sqrt(K)`` (T5: 1.0).
     dropout_rng: key for dropout on the weights; needed when not deterministic.
     dropout_rate: probability of dropping a weight.
     deterministic: no dropout when True.
@@ -133,12 +137,19 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
     if mask is not None:
       mask = jnp.broadcast_to(mask, (batch, mask.shape[1], queries, k_BSHK.shape[1]))
     fused: Literal["xla", "cudnn"] = "cudnn" if implementation == "cudnn" else "xla"
-    return jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask, implementation=fused)
+    return jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask, implementation=fused,
+                                        bias=None if bias is None else bias.astype(q_BTHK.dtype),
+                                        scale=scale)
 
   dtype = q_BTHK.dtype
-  q_BTHK = q_BTHK / jnp.sqrt(width).astype(dtype)
+  if scale is None:
+    q_BTHK = q_BTHK / jnp.sqrt(width).astype(dtype)
+  elif scale != 1.0:
+    q_BTHK = q_BTHK * jnp.asarray(scale, dtype)
   logits_BHTS = jnp.einsum("BTHK,BSHK->BHTS", q_BTHK, k_BSHK,
                            preferred_element_type=jnp.float32)
+  if bias is not None:
+    logits_BHTS = logits_BHTS + bias.astype(jnp.float32)
   if mask is not None:
     # Replace rather than add: a fully masked row then becomes uniform, not NaN.
     logits_BHTS = jnp.where(mask, logits_BHTS, NEG_INF)
@@ -178,15 +189,22 @@ class MultiHeadAttention(nn.Module):
   dtype: Any = jnp.float32
   implementation: str | None = None
   kernel_init: Any = nn.initializers.xavier_uniform()
+  use_bias: bool = True  # biases on the four projections (T5 has none)
+  scale_queries: bool = True  # scores / sqrt(K); False: unscaled, as T5 (its init absorbs it)
 
   def setup(self):
     dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, self.head_dim),
-                              dtype=self.dtype, kernel_init=self.kernel_init)
+                              dtype=self.dtype, kernel_init=self.kernel_init,
+                              use_bias=self.use_bias)
     self.query = dense(name="query")
     self.key = dense(name="key")
     self.value = dense(name="value")
     self.out = nn.DenseGeneral(features=self.out_dim, axis=(-2, -1), dtype=self.dtype,
-                               kernel_init=self.kernel_init, name="out")
+                               kernel_init=self.kernel_init, use_bias=self.use_bias, name="out")
+
+  def _scaled(self, q: Array) -> Array:
+    """Queries as the scores need them: / sqrt(K), or as they are without scaling."""
+    return q / jnp.sqrt(self.head_dim).astype(q.dtype) if self.scale_queries else q
 
   def _project(self, x_BSD: Array, names: tuple[str, ...]) -> tuple[Array, ...]:
     """``x`` through the named head projections (``"query"``, ``"key"``, ``"value"``) at once.
@@ -202,11 +220,11 @@ class MultiHeadAttention(nn.Module):
       return tuple(module(x_BSD) for module in modules)
     params = [module.variables["params"] for module in modules]
     kernel_DCHK = jnp.stack([p["kernel"] for p in params], axis=1)
-    bias_CHK = jnp.stack([p["bias"] for p in params], axis=0)
-    x_BSD, kernel_DCHK, bias_CHK = nn.dtypes.promote_dtype(x_BSD, kernel_DCHK, bias_CHK,
-                                                           dtype=self.dtype)
+    x_BSD, kernel_DCHK = nn.dtypes.promote_dtype(x_BSD, kernel_DCHK, dtype=self.dtype)
     y_BSCHK = jnp.einsum("...D,DCHK->...CHK", x_BSD, kernel_DCHK)
-    y_BSCHK = y_BSCHK + bias_CHK.reshape((1,) * (y_BSCHK.ndim - 3) + bias_CHK.shape)
+    if self.use_bias:
+      bias_CHK = jnp.stack([p["bias"] for p in params], axis=0).astype(y_BSCHK.dtype)
+      y_BSCHK = y_BSCHK + bias_CHK.reshape((1,) * (y_BSCHK.ndim - 3) + bias_CHK.shape)
     return tuple(_constrain_heads(y_BSCHK[..., c, :, :]) for c in range(len(names)))
 
   def project_kv(self, inputs_kv_BSD: Array) -> tuple[Array, Array]:
@@ -216,11 +234,12 @@ class MultiHeadAttention(nn.Module):
 
   def attend(self, inputs_q_BTD: Array, k_BSHK: Array, v_BSHK: Array, mask: Array | None, *,
              deterministic: bool = True, return_weights: bool = False,
-             q_BTHK: Array | None = None):
+             q_BTHK: Array | None = None, bias: Array | None = None):
     """Attends from ``inputs_q`` to already projected keys and values.
 
     ``q_BTHK``: the queries when already projected (``__call__`` projects q, k and
-    v of self attention together); default ``self.query(inputs_q_BTD)``.
+    v of self attention together); default ``self.query(inputs_q_BTD)``. ``bias``:
+    float ``[B or 1, H, T, S]`` added to the scores (a relative position bias).
     """
     if q_BTHK is None:
       q_BTHK = _constrain_heads(self.query(inputs_q_BTD))
@@ -229,7 +248,8 @@ class MultiHeadAttention(nn.Module):
         q_BTHK, k_BSHK.astype(q_BTHK.dtype), v_BSHK.astype(q_BTHK.dtype), mask,
         dropout_rng=self.make_rng("dropout") if use_dropout else None,
         dropout_rate=self.dropout_rate, deterministic=deterministic,
-        return_weights=return_weights, implementation=self.implementation)
+        return_weights=return_weights, implementation=self.implementation, bias=bias,
+        scale=None if self.scale_queries else 1.0)
     if return_weights:
       out_BTHK, weights_BHTS = result
     else:
@@ -245,9 +265,8 @@ class MultiHeadAttention(nn.Module):
     contractions read it as it lies, so a step copies none of it. ``valid_BS`` is
     True where a key may be attended. No dropout (decoding is deterministic).
     """
-    q_BHK = self.query(inputs_q_B1D)[:, 0]
+    q_BHK = self._scaled(self.query(inputs_q_B1D)[:, 0])
     dtype = q_BHK.dtype
-    q_BHK = q_BHK / jnp.sqrt(self.head_dim).astype(dtype)
     logits_BHS = jnp.einsum("BHK,BHKS->BHS", q_BHK, k_BHKS.astype(dtype),
                             preferred_element_type=jnp.float32)
     logits_BHS = jnp.where(valid_BS[:, None, :], logits_BHS, NEG_INF)
@@ -256,18 +275,22 @@ class MultiHeadAttention(nn.Module):
     return self.out(out_BHK[:, None])
 
   def __call__(self, inputs_q_BTD: Array, inputs_kv_BSD: Array, mask: Array | None = None, *,
-               deterministic: bool = True, return_weights: bool = False):
-    """Returns ``out_BTD``, or ``(out_BTD, weights_BHTS)`` with ``return_weights``."""
+               deterministic: bool = True, return_weights: bool = False,
+               bias: Array | None = None):
+    """Returns ``out_BTD``, or ``(out_BTD, weights_BHTS)`` with ``return_weights``.
+
+    ``bias``: float ``[B or 1, H, T, S]`` added to the scores (a relative position bias).
+    """
     if inputs_q_BTD is inputs_kv_BSD:  # self attention: q, k and v in one matmul
       q_BTHK, k_BSHK, v_BSHK = self._project(inputs_q_BTD, ("query", "key", "value"))
     else:
       q_BTHK = None
       k_BSHK, v_BSHK = self.project_kv(inputs_kv_BSD)
     return self.attend(inputs_q_BTD, k_BSHK, v_BSHK, mask, deterministic=deterministic,
-                       return_weights=return_weights, q_BTHK=q_BTHK)
+                       return_weights=return_weights, q_BTHK=q_BTHK, bias=bias)
 
   def step(self, inputs_q_B1D: Array, cache: KVCache, index: Array, *, layer: int = 0,
-           block_size: int = 8) -> tuple[Array, KVCache]:
+           block_size: int = 8, bias_HT: Array | None = None) -> tuple[Array, KVCache]:
     """Causal self attention for one new position, written into the cache at ``index``.
 
     Args:
@@ -276,14 +299,16 @@ class MultiHeadAttention(nn.Module):
       index: int32 scalar, the position being decoded.
       layer: which layer's slice of the stacked cache is this one's.
       block_size: positions read per block; only blocks up to ``index`` are read.
+      bias_HT: optional float ``[H, T]`` added to the scores against each cached
+        position (this position's row of a relative position bias).
 
     Returns:
       ``(out_B1D, cache)`` with position ``index`` filled in.
     """
     q_B1HK, k_B1HK, v_B1HK = self._project(inputs_q_B1D, ("query", "key", "value"))
     cache = cache.write(k_B1HK[:, 0], v_B1HK[:, 0], index, layer)
-    q_BHK = q_B1HK[:, 0] / jnp.sqrt(self.head_dim).astype(q_B1HK.dtype)
-    out_BHK = cache.attend(q_BHK, index, layer, block_size=block_size)
+    out_BHK = cache.attend(self._scaled(q_B1HK[:, 0]), index, layer, block_size=block_size,
+                           bias_HT=bias_HT)
     return self.out(out_BHK[:, None]), cache
 
 
@@ -390,10 +415,13 @@ class KVCache:
     return on_cpu(by_pointer, lambda key, value, slots: (key, value), self.key, self.value,
                   self.slots)
 
-  def attend(self, q_NHK: Array, index: Array, layer: int, *, block_size: int = 8) -> Array:
+  def attend(self, q_NHK: Array, index: Array, layer: int, *, block_size: int = 8,
+             bias_HT: Array | None = None) -> Array:
     """One query per row over positions ``<= index`` of ``layer``: ``out_NHK``.
 
-    ``q_NHK`` comes already scaled by ``1 / sqrt(K)``. Reads the cache in blocks of
+    ``q_NHK`` comes already scaled (by ``1 / sqrt(K)``, or not at all for T5);
+    ``bias_HT`` (optional, float ``[H, T]``) is added to the scores against each of
+    the cache's T positions. Reads the cache in blocks of
     ``block_size`` positions, only those up to ``index`` (a ``lax.fori_loop`` with
     a traced trip count), combining them with a running maximum and sum in float32
     (the streaming softmax of flash attention), so a step's cost grows with the
@@ -430,6 +458,9 @@ class KVCache:
         k_NSHK, v_NSHK = on_cpu(by_pointer, as_they_lie, self.key, self.value, self.slots)
       k_NSHK, v_NSHK = k_NSHK.astype(dtype), v_NSHK.astype(dtype)
       scores_NHS = jnp.einsum("NHK,NSHK->NHS", q_NHK, k_NSHK, preferred_element_type=jnp.float32)
+      if bias_HT is not None:
+        bias_HS = jax.lax.dynamic_slice_in_dim(bias_HT, start, block, axis=1)
+        scores_NHS = scores_NHS + bias_HS[None].astype(jnp.float32)
       valid_S = jnp.logical_and(positions_S >= b * block, positions_S <= index)
       scores_NHS = jnp.where(valid_S, scores_NHS, NEG_INF)
       new_max_NH = jnp.maximum(max_NH, scores_NHS.max(axis=-1))

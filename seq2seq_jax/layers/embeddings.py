@@ -179,33 +179,42 @@ class VocabProjection(nn.Module):
   ``nn.Dense``'s parameters (``kernel`` [D, V], ``bias`` [V]) and initializers, so
   checkpoints of either load into the other; the product is ``vocab_logits``,
   which streams the kernel when only a few rows are projected (a decoding step).
+  ``use_bias=False``: no bias (T5's ``lm_head``).
   """
 
   features: int
   dtype: Any = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x_BTD: Array) -> Array:
     kernel_DV = self.param("kernel", nn.initializers.lecun_normal(),
                            (x_BTD.shape[-1], self.features), jnp.float32)
-    bias_V = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+    bias_V = (self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+              if self.use_bias else None)
     x_BTD, kernel_DV = nn.dtypes.promote_dtype(x_BTD, kernel_DV, dtype=self.dtype)
     return vocab_logits(x_BTD, kernel_DV, weight_axes="DV", bias=bias_V)
 
 
 class PositionEmbedding(nn.Module):
-  """Adds fixed or learned position vectors, starting at an offset (for decode steps)."""
+  """Adds fixed or learned position vectors, starting at an offset (for decode steps).
+
+  ``table_offset``: a fixed table's row p encodes position p + table_offset (fairseq
+  counts from pad + 1); a learned table gets table_offset more rows, and position p
+  reads row p + table_offset (mBART's table starts with 2 rows no position reads).
+  """
 
   max_len: int
   dim: int
   kind: str = "sinusoidal"  # "learned", or a fixed table kind of ``position_table``
   dtype: Any = jnp.float32
-  table_offset: int = 0  # fixed tables: row p encodes position p + table_offset
+  table_offset: int = 0
 
   def setup(self):
     if self.kind == "learned":
-      self.table = self.param("position_embedding", nn.initializers.normal(stddev=0.02),
-                              (self.max_len, self.dim), jnp.float32)
+      table = self.param("position_embedding", nn.initializers.normal(stddev=0.02),
+                         (self.max_len + self.table_offset, self.dim), jnp.float32)
+      self.table = table[self.table_offset:] if self.table_offset else table
     else:
       self.table = jnp.asarray(position_table(self.kind, self.max_len, self.dim,
                                               self.table_offset))

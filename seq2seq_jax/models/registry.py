@@ -17,6 +17,9 @@ def build_model(config) -> nn.Module:
   if isinstance(config, configs.TransformerConfig):
     from seq2seq_jax.models.transformer import Transformer
     return Transformer(config)
+  if isinstance(config, configs.T5Config):
+    from seq2seq_jax.models.t5 import T5
+    return T5(config)
   if isinstance(config, configs.RNNConfig):
     from seq2seq_jax.models.rnn_seq2seq import RNNSeq2Seq
     return RNNSeq2Seq(config)
@@ -24,4 +27,4 @@ def build_model(config) -> nn.Module:
     from seq2seq_jax.models.decomposable import DecomposableAttention
     return DecomposableAttention(config)
   raise TypeError(f"no model is registered for {type(config).__name__}; expected one of "
-                  "TransformerConfig, RNNConfig, DecomposableAttentionConfig")
+                  "TransformerConfig, T5Config, RNNConfig, DecomposableAttentionConfig")

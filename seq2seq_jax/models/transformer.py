@@ -4,7 +4,9 @@ Encoder: token embedding * sqrt(D) + positions, then N layers of self attention
 and a position-wise feed-forward layer, each wrapped in dropout, a residual and
 LayerNorm (after the residual for ``norm="post"``, the paper; before the
 sublayer for ``norm="pre"``, plus a final LayerNorm). Decoder: the same with
-causal self attention and cross attention to the encoder's output.
+causal self attention and cross attention to the encoder's output. Encoder and
+decoder may differ in depth, heads and feed-forward width (``encoder_stack``,
+``decoder_stack`` of the config): a deep encoder and a shallow decoder decode fast.
 
 Example:
   >>> config = TransformerConfig(vocab_size=100, model_dim=32, num_heads=4, mlp_dim=64,
@@ -24,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from seq2seq_jax.configs import TransformerConfig, compute_dtype
+from seq2seq_jax.configs import StackShape, TransformerConfig, compute_dtype
 from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
                                           make_padding_mask)
 from seq2seq_jax.layers.dropout import Dropout
@@ -36,15 +38,15 @@ from seq2seq_jax.models.base import check_decode_len, shift_right
 from seq2seq_jax.types import Array, PyTree
 
 
-def _attention(config: TransformerConfig, name: str) -> MultiHeadAttention:
+def _attention(config: TransformerConfig, stack: StackShape, name: str) -> MultiHeadAttention:
   return MultiHeadAttention(
-      num_heads=config.num_heads, head_dim=config.head_dim, out_dim=config.model_dim,
+      num_heads=stack.num_heads, head_dim=stack.head_dim, out_dim=config.model_dim,
       dropout_rate=config.attention_dropout_rate, dtype=compute_dtype(config.dtype),
       implementation=config.attention_impl, name=name)
 
 
-def _feed_forward(config: TransformerConfig) -> FeedForward:
-  return FeedForward(config.mlp_dim, config.model_dim, config.ffn_dropout_rate,
+def _feed_forward(config: TransformerConfig, stack: StackShape) -> FeedForward:
+  return FeedForward(stack.mlp_dim, config.model_dim, config.ffn_dropout_rate,
                      activation=config.activation, dtype=compute_dtype(config.dtype))
 
 
@@ -75,8 +77,8 @@ class EncoderLayer(nn.Module):
 
   def setup(self):
     c = self.config
-    self.self_attention = _attention(c, "self_attention")
-    self.feed_forward = _feed_forward(c)
+    self.self_attention = _attention(c, c.encoder_stack, "self_attention")
+    self.feed_forward = _feed_forward(c, c.encoder_stack)
     self.attention_residual = _Residual(c)
     self.feed_forward_residual = _Residual(c)
 
@@ -97,9 +99,9 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     c = self.config
-    self.self_attention = _attention(c, "self_attention")
-    self.cross_attention = _attention(c, "cross_attention")
-    self.feed_forward = _feed_forward(c)
+    self.self_attention = _attention(c, c.decoder_stack, "self_attention")
+    self.cross_attention = _attention(c, c.decoder_stack, "cross_attention")
+    self.feed_forward = _feed_forward(c, c.decoder_stack)
     self.self_residual = _Residual(c)
     self.cross_residual = _Residual(c)
     self.feed_forward_residual = _Residual(c)
@@ -177,6 +179,9 @@ class Transformer(nn.Module):
     self.source_positions = positions()
     self.target_positions = positions()
     self.dropout = Dropout(c.dropout_rate)
+    if c.embedding_norm:
+      self.encoder_embedding_norm = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=dtype)
+      self.decoder_embedding_norm = nn.LayerNorm(epsilon=c.layer_norm_epsilon, dtype=dtype)
     self.encoder_layers = [EncoderLayer(c) for _ in range(c.num_encoder_layers)]
     self.decoder_layers = [DecoderLayer(c) for _ in range(c.num_decoder_layers)]
     if c.norm == "pre":
@@ -206,6 +211,8 @@ class Transformer(nn.Module):
     self._check_tokens(inputs_BS, "inputs")
     mask_B11S = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
     x_BSD = self.source_positions(self.source_embedding(inputs_BS))
+    if self.config.embedding_norm:
+      x_BSD = self.encoder_embedding_norm(x_BSD)
     x_BSD = _rows(self.dropout(x_BSD, deterministic=deterministic))
     weights = []
     for layer in self.encoder_layers:
@@ -242,6 +249,8 @@ class Transformer(nn.Module):
     causal_B1TT = make_causal_mask(decoder_inputs_BT)
     cross_mask_B11S = memory["source_valid"][:, None, None, :]
     y_BTD = self.target_positions(self.target_embedding(decoder_inputs_BT))
+    if self.config.embedding_norm:
+      y_BTD = self.decoder_embedding_norm(y_BTD)
     y_BTD = _rows(self.dropout(y_BTD, deterministic=deterministic))
     self_weights, cross_weights = [], []
     for i, layer in enumerate(self.decoder_layers):
@@ -276,10 +285,10 @@ class Transformer(nn.Module):
   def init_cache(self, memory: PyTree, max_decode_len: int) -> dict[str, Any]:
     """An empty self-attention cache for up to ``max_decode_len`` decoding steps."""
     check_decode_len(max_decode_len, self.config.max_len, "TransformerConfig")
-    c = self.config
-    kv = KVCache.zeros(rows=memory["encoded"].shape[0], layers=c.num_decoder_layers,
-                       length=max_decode_len, heads=c.num_heads, head_dim=c.head_dim,
-                       dtype=compute_dtype(c.dtype))
+    decoder = self.config.decoder_stack
+    kv = KVCache.zeros(rows=memory["encoded"].shape[0], layers=decoder.num_layers,
+                       length=max_decode_len, heads=decoder.num_heads, head_dim=decoder.head_dim,
+                       dtype=compute_dtype(self.config.dtype))
     return {"index": jnp.zeros((), jnp.int32), "self_attention": kv}
 
   def decode_step(self, memory: PyTree, tokens_B: Array, cache: dict[str, Any]):
@@ -292,7 +301,10 @@ class Transformer(nn.Module):
     index = cache["index"]
     kv = cache["self_attention"]
     y_B1D = self.target_embedding(tokens_B[:, None])
-    y_B1D = _rows(self.target_positions(y_B1D, offset=index))
+    y_B1D = self.target_positions(y_B1D, offset=index)
+    if self.config.embedding_norm:
+      y_B1D = self.decoder_embedding_norm(y_B1D)
+    y_B1D = _rows(y_B1D)
     for i, layer in enumerate(self.decoder_layers):
       y_B1D, kv = layer.step(y_B1D, kv, index, i, memory["cross_key"][i],
                              memory["cross_value"][i], memory["source_valid"])

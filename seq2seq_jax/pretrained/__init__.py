@@ -1,12 +1,14 @@
-"""Published translation checkpoints in JAX: OPUS-MT (MarianMT) and M2M100 / NLLB-200.
+"""Published translation checkpoints in JAX: OPUS-MT (MarianMT), M2M100 / NLLB-200, mBART-50,
+and the T5 family (T5, flan-T5, mT5, MADLAD-400).
 
 ``load(path)`` reads a directory as transformers' ``save_pretrained`` writes it
-(``config.json``, ``model.safetensors`` or ``pytorch_model.bin``,
-``generation_config.json``, the tokenizer files) into this library's
-``Transformer``, its parameters, a sentencepiece tokenizer and a ``DecodeConfig``,
-without torch or transformers. ``save`` writes them back in that layout. Each
-checkpoint family is one module here: a mapping of names and shapes onto the
-library's parameters (``marian``, ``m2m100``) and its tokenizer (``tokenizers``).
+(``config.json``, ``model.safetensors``, a sharded ``model.safetensors.index.json``
+or ``pytorch_model.bin``, ``generation_config.json``, the tokenizer files) into this
+library's ``Transformer`` or ``T5``, its parameters, a sentencepiece tokenizer and a
+``DecodeConfig``, without torch or transformers. ``save`` writes them back in that
+layout. Each checkpoint family is one module here: a mapping of names and shapes
+onto the library's parameters (``marian``, ``m2m100``, ``mbart``, ``t5``) and its
+tokenizer (``tokenizers``).
 
 Example:
   >>> import seq2seq_jax as s2s
@@ -34,15 +36,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seq2seq_jax.configs import (DataConfig, DecodeConfig, ExperimentConfig, TrainConfig,
-                                 TransformerConfig)
-from seq2seq_jax.models.transformer import Transformer
-from seq2seq_jax.pretrained import _convert, _io, m2m100, marian
+import flax.linen as nn
+
+from seq2seq_jax.configs import (DataConfig, DecodeConfig, ExperimentConfig, T5Config,
+                                 TrainConfig, TransformerConfig)
+from seq2seq_jax.models.registry import build_model
+from seq2seq_jax.pretrained import _convert, _io, m2m100, marian, mbart, t5
 from seq2seq_jax.types import PyTree
 
 logger = logging.getLogger("seq2seq_jax")
 
-FAMILIES = {marian.MODEL_TYPE: marian, m2m100.MODEL_TYPE: m2m100}
+# transformers' model_type -> the module that maps that family onto this library.
+FAMILIES = {marian.MODEL_TYPE: marian, m2m100.MODEL_TYPE: m2m100, mbart.MODEL_TYPE: mbart,
+            **{model_type: t5 for model_type in t5.MODEL_TYPES}}
+# What each family's module supports, for messages.
+_ARCHITECTURES = ("MarianMTModel, M2M100ForConditionalGeneration, MBartForConditionalGeneration, "
+                  "T5ForConditionalGeneration, MT5ForConditionalGeneration")
+
+ModelConfig = TransformerConfig | T5Config
 
 # generation_config.json fields that would change outputs in ways this library's
 # search does not reproduce (a warning names them); decode_config honours the others.
@@ -56,18 +67,21 @@ class Pretrained:
   """A loaded checkpoint: this library's model, parameters, tokenizer and search settings.
 
   Attributes:
-    model: a ``Transformer`` (the encode / decode / init_cache / decode_step contract).
-    params: its parameters, float32 NumPy-backed jax arrays.
-    tokenizer: a ``tokenizers.MarianTokenizer`` or ``tokenizers.M2M100Tokenizer``
-      (None when loaded with ``with_tokenizer=False``).
+    model: a ``Transformer`` or a ``T5`` (the encode / decode / init_cache /
+      decode_step contract).
+    params: its parameters, float32 jax arrays.
+    tokenizer: a ``tokenizers.MarianTokenizer``, ``M2M100Tokenizer``,
+      ``NllbTokenizer``, ``MBart50Tokenizer`` or ``T5Tokenizer`` (None when loaded
+      with ``with_tokenizer=False``).
     decode_config: the search of ``generation_config.json`` (see ``decode_config``).
-    family: ``"marian"`` or ``"m2m_100"`` (transformers' ``model_type``).
+    family: transformers' ``model_type``: ``"marian"``, ``"m2m_100"``, ``"mbart"``,
+      ``"t5"`` or ``"mt5"``.
     hf_config: ``config.json`` as read, written back by ``save``.
     generation_config: ``generation_config.json`` as read ({} when absent).
     path: where it was loaded from.
   """
 
-  model: Transformer
+  model: nn.Module
   params: PyTree
   tokenizer: Any
   decode_config: DecodeConfig
@@ -77,7 +91,7 @@ class Pretrained:
   path: pathlib.Path | None = None
 
   @property
-  def config(self) -> TransformerConfig:
+  def config(self) -> ModelConfig:
     return self.model.config
 
 
@@ -109,8 +123,7 @@ def _family(hf_config: dict[str, Any], source: pathlib.Path):
   architectures = hf_config.get("architectures") or []
   if model_type not in FAMILIES:
     raise ValueError(f"{source}: model_type={model_type!r} is not supported; this library "
-                     f"loads {', '.join(sorted(FAMILIES))} (MarianMTModel, "
-                     "M2M100ForConditionalGeneration)")
+                     f"loads {', '.join(sorted(FAMILIES))} ({_ARCHITECTURES})")
   family = FAMILIES[model_type]
   unknown = [a for a in architectures if a not in family.ARCHITECTURES]
   if unknown:
@@ -119,7 +132,7 @@ def _family(hf_config: dict[str, Any], source: pathlib.Path):
   return family
 
 
-def decode_config(generation: dict[str, Any], config: TransformerConfig,
+def decode_config(generation: dict[str, Any], config: ModelConfig,
                   source: pathlib.Path) -> DecodeConfig:
   """The ``DecodeConfig`` of a ``generation_config.json``.
 
@@ -174,12 +187,14 @@ def decode_config(generation: dict[str, Any], config: TransformerConfig,
 
 
 def load_config(path: str | os.PathLike, *,
-                dtype: str = "float32") -> tuple[TransformerConfig, DecodeConfig]:
+                dtype: str = "float32") -> tuple[ModelConfig, DecodeConfig]:
   """The model config and the search of a checkpoint directory, from its ``config.json``
   (and ``generation_config.json``) alone: no weights, no tokenizer.
 
   What ``seq2seq-jax compile --pretrained DIR`` needs to compile a published model's
-  programs from its shapes. Raises ``ValueError`` naming the file and field, as ``load``.
+  programs from its shapes: a ``TransformerConfig`` (Marian, M2M100, NLLB, mBART) or
+  a ``T5Config`` (T5, mT5, MADLAD-400), which ``build_model`` builds. Raises
+  ``ValueError`` naming the file and field, as ``load``.
 
   Example:
     >>> config, search = load_config("opus-mt-de-en")
@@ -189,16 +204,22 @@ def load_config(path: str | os.PathLike, *,
   directory = _resolve(path)
   hf_config = _io.read_json(directory / "config.json", "config.json")
   family = _family(hf_config, directory / "config.json")
-  config = family.transformer_config(hf_config, directory / "config.json", dtype)
-  generation_path = directory / "generation_config.json"
-  generation = (_io.read_json(generation_path, "generation_config.json")
-                if generation_path.is_file() else {})
-  return config, decode_config(generation, config, directory)
+  config = family.model_config(hf_config, directory / "config.json", dtype)
+  return config, decode_config(_generation(directory), config, directory)
 
 
-def load(path: str | os.PathLike, *, dtype: str = "float32",
-         with_tokenizer: bool = True) -> Pretrained:
-  """Loads a MarianMT or M2M100 / NLLB checkpoint directory.
+def _generation(directory: pathlib.Path) -> dict[str, Any]:
+  path = directory / "generation_config.json"
+  return _io.read_json(path, "generation_config.json") if path.is_file() else {}
+
+
+def load(path: str | os.PathLike, *, dtype: str = "float32", with_tokenizer: bool = True,
+         check_finite: bool = True) -> Pretrained:
+  """Loads a MarianMT, M2M100 / NLLB, mBART or T5-family checkpoint directory.
+
+  The tensors are read and converted one at a time (``model.safetensors``, the
+  shards of ``model.safetensors.index.json``, or ``pytorch_model.bin``), so the
+  load holds the parameters and one tensor in flight, not the checkpoint twice.
 
   Args:
     path: a local directory as ``save_pretrained`` writes it; a hub id
@@ -207,46 +228,62 @@ def load(path: str | os.PathLike, *, dtype: str = "float32",
     dtype: the compute dtype, "float32" or "bfloat16" (parameters stay float32).
     with_tokenizer: False loads a directory without tokenizer files (token ids in
       and out only); ``tokenizer`` is then None.
+    check_finite: refuse a tensor holding NaN or infinity (a damaged file), naming
+      it; the check reads each value once more (its cost: benchmarks/RESULTS.md).
 
   Raises:
     ValueError: naming the file and the field, for a directory without weights,
-      an unsupported architecture, a tensor that is missing, unknown or of the
-      wrong shape.
+      an unsupported architecture, a truncated or corrupt weights file, a tensor
+      that is missing, unknown, of the wrong shape or not finite, or tokenizer
+      files that do not fit the vocabulary of config.json.
   """
   directory = _resolve(path)
   hf_config = _io.read_json(directory / "config.json", "config.json")
   family = _family(hf_config, directory / "config.json")
-  config = family.transformer_config(hf_config, directory / "config.json", dtype)
-  tensors, weights_path = _io.read_weights(directory)
-  rules = family.rules(config, tensors)
-  model = Transformer(config)
+  config = family.model_config(hf_config, directory / "config.json", dtype)
+  weights = _io.read_weights(directory)
+  if hasattr(family, "config_for_weights"):  # what only the tensors tell (T5's untied head)
+    config = family.config_for_weights(config, weights, check_finite=check_finite)
+  rules = family.rules(config, weights)
+  model = build_model(config)
   ids = jnp.zeros((1, 1), jnp.int32)
   expected = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids))["params"]
-  params = _convert.apply_rules(rules, tensors, expected, weights_path)
   used = {rule.hf_name for rule in rules}
-  unknown = sorted(n for n in tensors if n not in used and not family.ignored(n))
+  unknown = sorted(n for n in weights if n not in used and not family.ignored(n))
   if unknown:
-    raise ValueError(f"{weights_path}: tensors {unknown[:5]}{' ...' if len(unknown) > 5 else ''} "
+    raise ValueError(f"{weights.path}: tensors {unknown[:5]}{' ...' if len(unknown) > 5 else ''} "
                      f"have no place in the {family.MODEL_TYPE} model config.json describes")
+  params = _convert.apply_rules(rules, weights, expected, check_finite=check_finite)
   missing = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(expected)
              if not _has_path(params, p)]
   if missing:
-    raise ValueError(f"{weights_path}: no tensor for parameters {missing}")
-  family.check_fixed_tensors(config, tensors, weights_path)
-  generation_path = directory / "generation_config.json"
-  generation = (_io.read_json(generation_path, "generation_config.json")
-                if generation_path.is_file() else {})
+    raise ValueError(f"{weights.path}: no tensor for parameters {missing}")
+  family.check_fixed_tensors(config, weights)
+  generation = _generation(directory)
   tokenizer = None
   if with_tokenizer:
     from seq2seq_jax.pretrained import tokenizers  # pylint: disable=import-outside-toplevel
-    tokenizer = tokenizers.load_tokenizer(directory, family.MODEL_TYPE)
-  if tokenizer is not None and tokenizer.vocab_size > config.output_vocab_size:
-    raise ValueError(f"{directory}: the tokenizer has {tokenizer.vocab_size} target ids but "
-                     f"config.json's vocabulary has {config.output_vocab_size}")
-  return Pretrained(model=model, params=jax.tree_util.tree_map(jnp.asarray, params),
-                    tokenizer=tokenizer, decode_config=decode_config(generation, config, directory),
-                    family=family.MODEL_TYPE, hf_config=hf_config, generation_config=generation,
+    tokenizer = tokenizers.load_tokenizer(directory, hf_config["model_type"])
+    _check_tokenizer_fits(tokenizer, config, directory)
+  return Pretrained(model=model, params=params, tokenizer=tokenizer,
+                    decode_config=decode_config(generation, config, directory),
+                    family=hf_config["model_type"], hf_config=hf_config,
+                    generation_config=generation,
                     path=directory)
+
+
+def _check_tokenizer_fits(tokenizer: Any, config: ModelConfig, directory: pathlib.Path) -> None:
+  """Tokenizer ids past the embedding would index nothing: both files are named."""
+  source_rows = config.vocab_size
+  target_rows = getattr(config, "output_vocab_size", config.vocab_size)
+  for side, ids, rows in (("target", tokenizer.vocab_size, target_rows),
+                          ("source", tokenizer.source_vocab_size, source_rows)):
+    if ids > rows:
+      raise ValueError(
+          f"{directory / tokenizer.vocab_file}: the tokenizer has {ids} {side} ids but "
+          f"{directory / 'config.json'} gives the model {rows} (vocab_size); the tokenizer "
+          "files and config.json come from different checkpoints: copy the tokenizer files "
+          "saved with these weights")
 
 
 def _has_path(tree: dict, path) -> bool:
@@ -262,18 +299,33 @@ def save(checkpoint: Pretrained, path: str | os.PathLike, *, params: PyTree | No
   """Writes ``checkpoint`` (or ``params``, e.g. fine-tuned ones) in transformers' layout.
 
   ``config.json``, ``generation_config.json``, ``model.safetensors`` (float32, tied
-  tables stored once as transformers itself stores them) and the tokenizer files:
-  ``MarianMTModel.from_pretrained`` / ``M2M100ForConditionalGeneration.from_pretrained``
-  and their tokenizers load the directory.
+  tables stored once as transformers itself stores them, written one tensor at a
+  time) and the tokenizer files: the family's ``from_pretrained`` in transformers
+  (``MarianMTModel``, ``M2M100ForConditionalGeneration``,
+  ``MBartForConditionalGeneration``, ``T5ForConditionalGeneration``,
+  ``MT5ForConditionalGeneration``) and its tokenizer load the directory.
+
+  Raises:
+    ValueError: for a parameter the layout cannot hold (an output bias an M2M100
+      or T5 checkpoint does not have, trained away from zero).
   """
   directory = pathlib.Path(path)
   directory.mkdir(parents=True, exist_ok=True)
   family = FAMILIES[checkpoint.family]
   params = checkpoint.params if params is None else params
-  host = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
-  tensors = {rule.hf_name: np.ascontiguousarray(rule.to_hf(_convert.get_path(host, rule.path)))
-             for rule in family.rules(checkpoint.config, None)}
-  _io.write_safetensors(tensors, directory / "model.safetensors")
+  entries = []
+  for rule in family.rules(checkpoint.config, None):
+    value = _convert.get_path(params, rule.path)
+    if rule.hf_name is None:
+      if np.any(np.asarray(value) != 0):
+        raise ValueError(f"parameter {'/'.join(rule.path)} is not zero, but a "
+                         f"{checkpoint.family} checkpoint has no such tensor; it cannot be saved "
+                         "in transformers' layout")
+      continue
+    shape = np.shape(rule.to_hf(np.broadcast_to(np.float32(0), np.shape(value))))
+    entries.append((rule.hf_name, shape,
+                    lambda rule=rule, value=value: rule.to_hf(np.asarray(value, np.float32))))
+  _io.write_safetensors(entries, directory / "model.safetensors")
   (directory / "config.json").write_text(json.dumps(checkpoint.hf_config, indent=2) + "\n")
   if checkpoint.generation_config:
     (directory / "generation_config.json").write_text(

@@ -1,4 +1,4 @@
-"""The name and shape mapping shared by the BART-family checkpoints (Marian, M2M100).
+"""The name and shape mapping shared by the BART-family checkpoints (Marian, M2M100, mBART).
 
 A ``Rule`` pairs one tensor of the checkpoint with one parameter of this library's
 ``Transformer`` and converts both ways. PyTorch ``Linear`` weights are
@@ -9,12 +9,16 @@ value) and ``[H, K, D]`` (output), its dense kernels ``[in, out]``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
+from collections.abc import Container
 from typing import Any, Callable
 
+import jax.numpy as jnp
 import numpy as np
 
-from seq2seq_jax.configs import TransformerConfig
+from seq2seq_jax.configs import StackShape, TransformerConfig
+from seq2seq_jax.pretrained._io import Weights
 
 
 # transformers' activation names -> TransformerConfig.activation.
@@ -25,15 +29,6 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
 def field(hf: dict[str, Any], name: str, defaults: dict[str, Any]) -> Any:
   value = hf.get(name)
   return defaults[name] if value is None else value
-
-
-def same_in_both(hf: dict[str, Any], encoder: str, decoder: str, defaults: dict[str, Any],
-                 source: pathlib.Path) -> Any:
-  value, other = field(hf, encoder, defaults), field(hf, decoder, defaults)
-  if value != other:
-    raise ValueError(f"{source}: {encoder}={value} but {decoder}={other}; this library's "
-                     "Transformer gives encoder and decoder the same width and heads")
-  return value
 
 
 def activation(hf: dict[str, Any], defaults: dict[str, Any], source: pathlib.Path) -> str:
@@ -48,12 +43,23 @@ def bart_fields(hf: dict[str, Any], defaults: dict[str, Any],
                 source: pathlib.Path) -> dict[str, Any]:
   """The ``TransformerConfig`` fields every BART-layout config.json gives the same way."""
   d = defaults
+  encoder_heads, decoder_heads = (field(hf, f"{side}_attention_heads", d)
+                                  for side in ("encoder", "decoder"))
+  encoder_ffn, decoder_ffn = (field(hf, f"{side}_ffn_dim", d) for side in ("encoder", "decoder"))
+  model_dim = field(hf, "d_model", d)
+  for name, heads in (("encoder_attention_heads", encoder_heads),
+                      ("decoder_attention_heads", decoder_heads)):
+    if not isinstance(heads, int) or heads <= 0 or model_dim % heads:
+      raise ValueError(f"{source}: {name}={heads!r} must be a positive divisor of "
+                       f"d_model={model_dim}")
   return dict(
-      model_dim=field(hf, "d_model", d),
-      num_heads=same_in_both(hf, "encoder_attention_heads", "decoder_attention_heads", d, source),
+      model_dim=model_dim,
+      num_heads=encoder_heads,
+      decoder_num_heads=0 if decoder_heads == encoder_heads else decoder_heads,
       num_encoder_layers=field(hf, "encoder_layers", d),
       num_decoder_layers=field(hf, "decoder_layers", d),
-      mlp_dim=same_in_both(hf, "encoder_ffn_dim", "decoder_ffn_dim", d, source),
+      mlp_dim=encoder_ffn,
+      decoder_mlp_dim=0 if decoder_ffn == encoder_ffn else decoder_ffn,
       dropout_rate=float(field(hf, "dropout", d)),
       attention_dropout_rate=float(field(hf, "attention_dropout", d)),
       activation_dropout_rate=float(field(hf, "activation_dropout", d)),
@@ -69,9 +75,14 @@ def bart_fields(hf: dict[str, Any], defaults: dict[str, Any],
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """One checkpoint tensor <-> one parameter (a path into the params tree)."""
+  """One checkpoint tensor <-> one parameter (a path into the params tree).
 
-  hf_name: str
+  ``hf_name=None``: a parameter the checkpoint's architecture does not have, fixed
+  at zero (an untied output layer's bias in M2M100): loaded as zeros, never written,
+  and ``save`` refuses it once it is not zero.
+  """
+
+  hf_name: str | None
   path: tuple[str, ...]
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
@@ -81,8 +92,9 @@ def _identity(x: np.ndarray) -> np.ndarray:
   return x
 
 
-def _rules_for_attention(hf: str, ours: tuple[str, ...], c: TransformerConfig) -> list[Rule]:
-  d, h, k = c.model_dim, c.num_heads, c.head_dim
+def _rules_for_attention(hf: str, ours: tuple[str, ...], c: TransformerConfig,
+                         stack: StackShape) -> list[Rule]:
+  d, h, k = c.model_dim, stack.num_heads, stack.head_dim
   rules = []
   for hf_proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
     rules += [
@@ -109,20 +121,32 @@ def _rules_for_dense(hf: str, ours: tuple[str, ...]) -> list[Rule]:
 
 
 def bart_rules(c: TransformerConfig, *, final_norms: bool) -> list[Rule]:
-  """Every layer tensor of a BART-layout encoder-decoder, embeddings and head excluded."""
+  """Every layer tensor of a BART-layout encoder-decoder, token tables and head excluded
+  (learned positions and ``layernorm_embedding`` included when the config has them)."""
   rules = []
+  if c.positions == "learned":
+    rules += [Rule("model.encoder.embed_positions.weight",
+                   ("source_positions", "position_embedding"), _identity, _identity),
+              Rule("model.decoder.embed_positions.weight",
+                   ("target_positions", "position_embedding"), _identity, _identity)]
+  if c.embedding_norm:
+    rules += _rules_for_norm("model.encoder.layernorm_embedding", ("encoder_embedding_norm",))
+    rules += _rules_for_norm("model.decoder.layernorm_embedding", ("decoder_embedding_norm",))
   for i in range(c.num_encoder_layers):
     hf, ours = f"model.encoder.layers.{i}", (f"encoder_layers_{i}",)
-    rules += _rules_for_attention(f"{hf}.self_attn", ours + ("self_attention",), c)
+    rules += _rules_for_attention(f"{hf}.self_attn", ours + ("self_attention",), c,
+                                  c.encoder_stack)
     rules += _rules_for_norm(f"{hf}.self_attn_layer_norm", ours + ("attention_residual", "norm"))
     rules += _rules_for_dense(f"{hf}.fc1", ours + ("feed_forward", "wi"))
     rules += _rules_for_dense(f"{hf}.fc2", ours + ("feed_forward", "wo"))
     rules += _rules_for_norm(f"{hf}.final_layer_norm", ours + ("feed_forward_residual", "norm"))
   for i in range(c.num_decoder_layers):
     hf, ours = f"model.decoder.layers.{i}", (f"decoder_layers_{i}",)
-    rules += _rules_for_attention(f"{hf}.self_attn", ours + ("self_attention",), c)
+    rules += _rules_for_attention(f"{hf}.self_attn", ours + ("self_attention",), c,
+                                  c.decoder_stack)
     rules += _rules_for_norm(f"{hf}.self_attn_layer_norm", ours + ("self_residual", "norm"))
-    rules += _rules_for_attention(f"{hf}.encoder_attn", ours + ("cross_attention",), c)
+    rules += _rules_for_attention(f"{hf}.encoder_attn", ours + ("cross_attention",), c,
+                                  c.decoder_stack)
     rules += _rules_for_norm(f"{hf}.encoder_attn_layer_norm", ours + ("cross_residual", "norm"))
     rules += _rules_for_dense(f"{hf}.fc1", ours + ("feed_forward", "wi"))
     rules += _rules_for_dense(f"{hf}.fc2", ours + ("feed_forward", "wo"))
@@ -133,12 +157,15 @@ def bart_rules(c: TransformerConfig, *, final_norms: bool) -> list[Rule]:
   return rules
 
 
-def embedding_rules(c: TransformerConfig, tensors: dict[str, np.ndarray] | None) -> list[Rule]:
+def embedding_rules(c: TransformerConfig, tensors: Container[str] | None,
+                    output_bias: str | None = None) -> list[Rule]:
   """Token tables and, when untied, the output layer.
 
   Tied checkpoints store one table as ``model.shared.weight`` (older ones also as
   ``model.encoder.embed_tokens.weight`` ...); when writing, the names
-  ``save_pretrained`` itself writes are used.
+  ``save_pretrained`` itself writes are used. ``output_bias`` names the tensor added
+  to the logits (Marian's and mBART's ``final_logits_bias``): an untied output
+  layer's bias; without one that bias is fixed at zero.
   """
   def first_present(*names: str) -> str:
     if tensors is not None:
@@ -158,6 +185,8 @@ def embedding_rules(c: TransformerConfig, tensors: dict[str, np.ndarray] | None)
   if not c.tie_output:
     rules.append(Rule("lm_head.weight", ("output_projection", "kernel"), np.transpose,
                       np.transpose))
+    rules.append(Rule(output_bias, ("output_projection", "bias"), lambda b: b.reshape(-1),
+                      lambda b: b.reshape(1, -1)))
   return rules
 
 
@@ -173,22 +202,50 @@ def get_path(tree: dict, path: tuple[str, ...]) -> np.ndarray:
   return tree
 
 
-def apply_rules(rules: list[Rule], tensors: dict[str, np.ndarray], expected: dict,
-                source: pathlib.Path) -> dict:
-  """Builds the params tree; a missing tensor or a wrong shape raises naming both sides.
+def read_checked(weights: Weights, name: str, *, check_finite: bool = True) -> np.ndarray:
+  """Tensor ``name`` as float32; a NaN or an infinity raises naming the tensor and its file."""
+  value = np.asarray(weights.read(name), np.float32)
+  if check_finite:
+    finite = np.isfinite(value)
+    if not finite.all():
+      bad = value.size - int(np.count_nonzero(finite))
+      raise ValueError(f"{weights.file_of(name)}: tensor {name!r} {tuple(value.shape)} holds {bad} "
+                       "non-finite values (NaN or infinity); the file is corrupt (overwritten "
+                       "or badly converted): download or save it again")
+  return value
 
-  ``expected`` is the parameter tree's shapes (``jax.eval_shape`` of ``init``).
+
+def apply_rules(rules: list[Rule], weights: Weights, expected: dict, *,
+                check_finite: bool = True) -> dict:
+  """Builds the params tree, one tensor at a time, as float32 jax arrays.
+
+  ``expected`` is the parameter tree's shapes (``jax.eval_shape`` of ``init``). Each
+  tensor is read, converted and placed before the next is read, so the checkpoint
+  is never held twice. A missing tensor or a wrong shape raises naming both sides;
+  with ``check_finite`` a NaN or infinity raises naming the tensor.
   """
   params: dict = {}
   for rule in rules:
-    if rule.hf_name not in tensors:
-      raise ValueError(f"{source}: tensor {rule.hf_name!r} is missing (needed for parameter "
-                       f"{'/'.join(rule.path)}); is config.json the one saved with these weights?")
-    value = np.asarray(rule.to_ours(np.asarray(tensors[rule.hf_name], np.float32)))
     want = tuple(get_path(expected, rule.path).shape)
-    if value.shape != want:
-      raise ValueError(f"{source}: tensor {rule.hf_name!r} has shape "
-                       f"{tuple(tensors[rule.hf_name].shape)}, which does not fit parameter "
-                       f"{'/'.join(rule.path)} {want} of the model config.json describes")
-    set_path(params, rule.path, value)
+    if rule.hf_name is None:
+      set_path(params, rule.path, jnp.zeros(want, jnp.float32))
+      continue
+    if rule.hf_name not in weights:
+      raise ValueError(f"{weights.path}: tensor {rule.hf_name!r} is missing (needed for "
+                       f"parameter {'/'.join(rule.path)}); is config.json the one saved with "
+                       "these weights?")
+    stored = weights.shape(rule.hf_name)
+    value = None
+    if math.prod(stored) == math.prod(want):
+      value = np.asarray(rule.to_ours(read_checked(weights, rule.hf_name,
+                                                   check_finite=check_finite)))
+      # The way back must give the stored shape too: a transposed tensor of the right
+      # size would otherwise pass through a reshape.
+      if value.shape != want or np.shape(rule.to_hf(value)) != stored:
+        value = None
+    if value is None:
+      raise ValueError(f"{weights.file_of(rule.hf_name)}: tensor {rule.hf_name!r} has shape "
+                       f"{stored}, which does not fit parameter {'/'.join(rule.path)} {want} "
+                       "of the model config.json describes")
+    set_path(params, rule.path, jnp.asarray(value))
   return params

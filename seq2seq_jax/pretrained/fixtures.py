@@ -3,16 +3,25 @@
 Each builder trains sentencepiece vocabularies on Multi30k, builds the
 transformers tokenizer from those files, trains a small random-initialised model
 with torch for a few hundred steps and saves model, tokenizer and generation
-config with ``save_pretrained``: a directory laid out like a published OPUS-MT, M2M100 or
-NLLB-200 checkpoint. torch and transformers are imported inside the builders,
-so this module imports without them.
+config with ``save_pretrained``: a directory laid out like a published OPUS-MT,
+M2M100, NLLB-200, mBART-50, T5 / mT5 or MADLAD-400 checkpoint (with the
+sentencepiece model the published ones ship, which transformers 5's
+``save_pretrained`` no longer writes for mBART-50 and T5). The ``build_random_*``
+builders make checkpoints of published sizes with random weights, for speed
+benchmarks. torch and transformers are imported inside the builders, so this
+module imports without them.
 
 Example (each call trains for minutes on a CPU, so this is not run as a doctest;
 ``tests/pretrained/conftest.py`` runs these builders)::
 
   build_marian("/tmp/marian-de-en", data_dir="../shared/data/multi30k/raw")
   build_m2m100("/tmp/m2m100-tiny", data_dir="../shared/data/multi30k/raw")
+  build_mbart50("/tmp/mbart50-tiny", data_dir="../shared/data/multi30k/raw")
+  build_t5("/tmp/madlad-tiny", data_dir="../shared/data/multi30k/raw", variant="madlad",
+           directions=(("de", "en"), ("en", "de")))
   build_random_marian("/tmp/opus-mt-sized")  # 58,101 ids, 6 + 6 layers, random weights
+  build_random_t5("/tmp/t5-small-sized")      # 32,128 ids, 6 + 6 layers, random weights
+  build_random_mbart50("/tmp/mbart-sized")    # 250,054 ids, 12 + 12 layers, random weights
 """
 
 from __future__ import annotations
@@ -234,7 +243,9 @@ def _marian_tokenizer(workdir: pathlib.Path, source_model: bytes, target_model: 
 
 
 def _marian_model(tokenizer, *, separate_vocabs: bool, model_dim: int, layers: int, heads: int,
-                  ffn: int, max_positions: int):
+                  ffn: int, max_positions: int, decoder_layers: int | None = None,
+                  decoder_heads: int | None = None, decoder_ffn: int | None = None,
+                  dropout: float = 0.1):
   from transformers import MarianConfig, MarianMTModel  # noqa: PLC0415
 
   pad_id = tokenizer.pad_token_id
@@ -248,10 +259,11 @@ def _marian_model(tokenizer, *, separate_vocabs: bool, model_dim: int, layers: i
   config = MarianConfig(
       vocab_size=source_size, decoder_vocab_size=target_size,
       share_encoder_decoder_embeddings=not separate_vocabs, d_model=model_dim,
-      encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
-      decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+      encoder_layers=layers, decoder_layers=decoder_layers or layers,
+      encoder_attention_heads=heads, decoder_attention_heads=decoder_heads or heads,
+      encoder_ffn_dim=ffn, decoder_ffn_dim=decoder_ffn or ffn,
       max_position_embeddings=max_positions, activation_function="swish", scale_embedding=True,
-      dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=pad_id,
+      dropout=dropout, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=pad_id,
       decoder_start_token_id=pad_id, eos_token_id=0, bos_token_id=0, forced_eos_token_id=0)
   return MarianMTModel(config)
 
@@ -270,7 +282,9 @@ def build_marian(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, ste
                  language_codes: Sequence[str] = (), source_lang: str = "de",
                  target_lang: str = "en", batch_size: int = 32, learning_rate: float = 5e-3,
                  max_length: int = 128, seed: int = 0,
-                 max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
+                 max_pairs: int = DEFAULT_MAX_PAIRS, decoder_layers: int | None = None,
+                 decoder_heads: int | None = None, decoder_ffn: int | None = None,
+                 dropout: float = 0.1) -> BuildInfo:
   """An OPUS-MT-style MarianMTModel checkpoint trained briefly on Multi30k.
 
   Args:
@@ -278,6 +292,9 @@ def build_marian(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, ste
     data_dir: Multi30k raw text (``train.de``, ``train.en`` ...).
     steps: AdamW steps on random batches of ``batch_size`` pairs (0: random weights).
     model_dim, layers, heads, ffn: width, encoder and decoder depth, heads, FFN width.
+    decoder_layers, decoder_heads, decoder_ffn: the decoder's own, when they differ
+      from the encoder's (None: the same).
+    dropout: the config's ``dropout`` while training (saved in config.json).
     vocab_size: pieces of each sentencepiece model (source and target). The shared
       vocabulary is their union (about 1.8x), each separate one exactly this size.
     separate_vocabs: write ``vocab.json`` and ``target_vocab.json`` and untie the
@@ -314,7 +331,9 @@ def build_marian(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, ste
   ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
   torch.manual_seed(seed)
   model = _marian_model(tokenizer, separate_vocabs=separate_vocabs, model_dim=model_dim,
-                        layers=layers, heads=heads, ffn=ffn, max_positions=512)
+                        layers=layers, heads=heads, ffn=ffn, max_positions=512,
+                        decoder_layers=decoder_layers, decoder_heads=decoder_heads,
+                        decoder_ffn=decoder_ffn, dropout=dropout)
   loss = _train(model, plan, ids, pad_id=tokenizer.pad_token_id, learning_rate=learning_rate)
   return _save(model, tokenizer, _marian_generation_config(tokenizer.pad_token_id, max_length),
                out, kind="marian", started=started, steps=steps, loss=loss, seed=seed)
@@ -541,4 +560,337 @@ def build_nllb(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
       max_length=max_length, seed=seed, max_pairs=max_pairs)
 
 
-__all__ = ["BuildInfo", "build_marian", "build_m2m100", "build_nllb", "build_random_marian"]
+# ---------------------------------------------------------------------------------------------
+# mBART-50 and the T5 family: the many-to-many layouts built from one plan
+
+
+# Fields the published mBART-50 config.json files carry from fairseq (transformers 5 ignores
+# them; CTranslate2's converter reads normalize_before).
+_MBART_LEGACY_FIELDS = {"normalize_before": True, "add_final_layer_norm": True,
+                        "normalize_embedding": True}
+# mBART-50 codes of the languages the builders take as ISO 639-1.
+_MBART50_CODES = {"de": "de_DE", "en": "en_XX", "fr": "fr_XX", "cs": "cs_CZ"}
+
+
+def _direction_pairs(corpus: dict[str, list[str]], directions: Sequence[tuple[str, str]], *,
+                     steps: int, batch_size: int, seed: int):
+  """Every (source lang, target lang, line) pair of ``directions``, and the batch plan."""
+  pairs = [(source, target, i) for source, target in directions
+           for i in range(min(len(corpus[source]), len(corpus[target])))]
+  lengths = [len(corpus[source][i]) + len(corpus[target][i]) for source, target, i in pairs]
+  return pairs, _batch_plan(lengths, steps=steps, batch_size=batch_size, seed=seed)
+
+
+def _read_corpus(data_dir, languages: Sequence[str], directions: Sequence[tuple[str, str]],
+                 max_pairs: int) -> dict[str, list[str]]:
+  for source, target in directions:
+    if source not in languages or target not in languages:
+      raise ValueError(f"direction {source}->{target} uses a language outside "
+                       f"languages={tuple(languages)}")
+  return {lang: _read_lines(data_dir, "train", lang, max_pairs) for lang in languages}
+
+
+def build_mbart50(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
+                  languages: Sequence[str] = ("de", "en", "fr"),
+                  directions: Sequence[tuple[str, str]] = (("de", "en"),), steps: int = 400,
+                  model_dim: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128,
+                  vocab_size: int = 2000, batch_size: int = 32, learning_rate: float = 5e-3,
+                  dropout: float = 0.1, max_length: int = 200, max_positions: int = 256,
+                  seed: int = 0, max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
+  """An mBART-50-layout ``MBartForConditionalGeneration`` with its tokenizer, trained briefly.
+
+  One unigram sentencepiece model over the Multi30k text of ``languages``, written
+  as ``sentencepiece.bpe.model`` beside the checkpoint (as the published mBART-50
+  models ship it); transformers' ``MBart50Tokenizer`` in fairseq's layout with the
+  52 language codes; pairs laid out as transformers lays them (``[de_DE] pieces
+  </s>`` -> ``[en_XX] pieces </s>``), decoding from EOS with the target code forced.
+  The model: pre-LN, GELU, scaled embeddings, learned positions (offset 2),
+  ``layernorm_embedding`` and final norms, as mBART-large-50 has them.
+
+  Args as ``build_m2m100``; ``max_positions``: rows of the learned position table;
+  ``dropout``: the config's ``dropout`` while training.
+  """
+  import torch  # noqa: PLC0415
+  from transformers import (GenerationConfig, MBart50Tokenizer, MBartConfig,  # noqa: PLC0415
+                            MBartForConditionalGeneration)
+
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  unknown = [lang for lang in languages if lang not in _MBART50_CODES]
+  if unknown:
+    raise ValueError(f"languages {unknown} have no mBART-50 code here; use some of "
+                     f"{sorted(_MBART50_CODES)}")
+  code = _MBART50_CODES.__getitem__
+  corpus = _read_corpus(data_dir, languages, directions, max_pairs)
+  model_proto = _train_spm([line for lines in corpus.values() for line in lines],
+                           vocab_size=vocab_size, model_type="unigram")
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "sentencepiece.bpe.model").write_bytes(model_proto)
+    # bos_token as the published tokenizer_config.json has it (CTranslate2 reads it).
+    tokenizer = MBart50Tokenizer.from_pretrained(workdir, bos_token="<s>",
+                                                 src_lang=code(directions[0][0]),
+                                                 tgt_lang=code(directions[0][1]))
+  pairs, plan = _direction_pairs(corpus, directions, steps=steps, batch_size=batch_size,
+                                 seed=seed)
+
+  def encode(used: list[int]) -> tuple[list, list]:
+    source_ids, target_ids = {}, {}
+    for source, target in directions:
+      chosen = [k for k in used if pairs[k][:2] == (source, target)]
+      tokenizer.src_lang, tokenizer.tgt_lang = code(source), code(target)
+      lines = [pairs[k][2] for k in chosen]
+      source_ids.update(zip(chosen, tokenizer([corpus[source][i] for i in lines])["input_ids"]))
+      target_ids.update(zip(chosen, tokenizer(
+          text_target=[corpus[target][i] for i in lines])["input_ids"]))
+    return [source_ids[k] for k in used], [target_ids[k] for k in used]
+
+  ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
+  tokenizer.src_lang, tokenizer.tgt_lang = code(directions[0][0]), code(directions[0][1])
+  eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+  torch.manual_seed(seed)
+  config = MBartConfig(
+      vocab_size=len(tokenizer), d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
+      encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+      decoder_ffn_dim=ffn, max_position_embeddings=max_positions, activation_function="gelu",
+      scale_embedding=True, dropout=dropout, attention_dropout=0.0, activation_dropout=0.0,
+      pad_token_id=pad_id, bos_token_id=0, eos_token_id=eos_id, decoder_start_token_id=eos_id,
+      forced_eos_token_id=eos_id, tokenizer_class="MBart50Tokenizer", **_MBART_LEGACY_FIELDS)
+  model = MBartForConditionalGeneration(config)
+  with torch.no_grad():  # learned positions, started from the sinusoids M2M100 keeps fixed
+    from seq2seq_jax.layers.embeddings import position_table  # noqa: PLC0415
+    table = torch.from_numpy(position_table("sinusoidal_marian", max_positions + 2, model_dim))
+    for embed in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
+      embed.weight.copy_(table)
+  loss = _train(model, plan, ids, pad_id=pad_id, learning_rate=learning_rate)
+  generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
+                                       eos_token_id=eos_id, forced_eos_token_id=eos_id,
+                                       pad_token_id=pad_id, max_length=max_length)
+  info = _save(model, tokenizer, generation_config, out, kind="mbart", started=started,
+               steps=steps, loss=loss, seed=seed)
+  (out / "sentencepiece.bpe.model").write_bytes(model_proto)
+  return info
+
+
+# variant -> (transformers model class, feed_forward_proj, separate lm_head, <2xx> codes)
+T5_VARIANTS = {
+    "t5": ("T5ForConditionalGeneration", "relu", False, False),
+    "t5_v1_1": ("T5ForConditionalGeneration", "gated-gelu", True, False),
+    "mt5": ("MT5ForConditionalGeneration", "gated-gelu", True, False),
+    "madlad": ("T5ForConditionalGeneration", "gated-gelu", True, True),
+}
+
+
+def build_t5(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, variant: str = "t5",
+             languages: Sequence[str] = ("de", "en"),
+             directions: Sequence[tuple[str, str]] = (("de", "en"),), steps: int = 400,
+             model_dim: int = 64, layers: int = 2, decoder_layers: int | None = None,
+             heads: int = 4, head_dim: int = 12, ffn: int = 128, vocab_size: int = 1000,
+             extra_ids: int | None = None, batch_size: int = 32, learning_rate: float = 5e-3,
+             dropout: float = 0.1, max_length: int = 128, seed: int = 0,
+             max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
+  """A T5-family checkpoint (``T5ForConditionalGeneration`` / ``MT5...``) trained briefly.
+
+  Variants (``T5_VARIANTS``): ``"t5"`` (ReLU, tied output with the ``d_model ** -0.5``
+  rescale), ``"t5_v1_1"`` and ``"mt5"`` (gated-GELU, a separate ``lm_head``, no
+  rescale), ``"madlad"`` (v1.1's layout, several directions, and MADLAD-400's
+  ``<2xx>`` target-language pieces, user-defined in the sentencepiece model, in
+  front of each source). One unigram sentencepiece model in T5's id layout (pad 0,
+  eos 1, unk 2), written as ``spiece.model`` beside the checkpoint (as the published
+  models ship it), ``extra_ids`` sentinels after it (default 100; MADLAD: none) and,
+  for ``"t5"``, an embedding padded to a multiple of 128 rows as t5-small's.
+
+  ``out_dir``, ``data_dir``, ``languages``, ``directions``, ``steps``, ``batch_size``,
+  ``learning_rate``, ``max_length``, ``seed`` and ``max_pairs`` are as ``build_m2m100``'s.
+
+  Args:
+    variant: a key of ``T5_VARIANTS``.
+    model_dim: ``d_model``.
+    layers: ``num_layers``.
+    decoder_layers: ``num_decoder_layers`` (None: the same as ``layers``).
+    heads: ``num_heads``.
+    head_dim: ``d_kv`` (heads x head_dim need not be model_dim).
+    ffn: ``d_ff``.
+    vocab_size: pieces of the sentencepiece model.
+    dropout: ``dropout_rate`` while training (saved in config.json).
+  """
+  import torch  # noqa: PLC0415
+  import transformers  # noqa: PLC0415
+
+  if variant not in T5_VARIANTS:
+    raise ValueError(f"variant={variant!r}: must be one of {', '.join(T5_VARIANTS)}")
+  model_class, feed_forward, separate_head, marked = T5_VARIANTS[variant]
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  corpus = _read_corpus(data_dir, languages, directions, max_pairs)
+  codes = [f"<2{lang}>" for lang in languages] if marked else []
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter([line for lines in corpus.values() for line in lines]),
+      model_writer=model, vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+      num_threads=1, input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
+      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, user_defined_symbols=codes)
+  model_proto = model.getvalue()
+  sentinels = (0 if marked else 100) if extra_ids is None else extra_ids
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "spiece.model").write_bytes(model_proto)
+    tokenizer = transformers.T5Tokenizer.from_pretrained(workdir, extra_ids=sentinels)
+  pairs, plan = _direction_pairs(corpus, directions, steps=steps, batch_size=batch_size,
+                                 seed=seed)
+
+  def encode(used: list[int]) -> tuple[list, list]:
+    sources = [("<2%s> " % pairs[k][1] if marked else "") + corpus[pairs[k][0]][pairs[k][2]]
+               for k in used]
+    targets = [corpus[pairs[k][1]][pairs[k][2]] for k in used]
+    return tokenizer(sources)["input_ids"], tokenizer(text_target=targets)["input_ids"]
+
+  ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
+  rows = len(tokenizer)
+  if variant == "t5":  # t5-small: 32,100 ids, an embedding of 32,128 rows
+    rows = -(-rows // 128) * 128
+  torch.manual_seed(seed)
+  config_class = transformers.MT5Config if variant == "mt5" else transformers.T5Config
+  config = config_class(
+      vocab_size=rows, d_model=model_dim, d_kv=head_dim, d_ff=ffn, num_layers=layers,
+      num_decoder_layers=decoder_layers or layers, num_heads=heads,
+      feed_forward_proj=feed_forward, dropout_rate=dropout, pad_token_id=0, eos_token_id=1,
+      decoder_start_token_id=0, tie_word_embeddings=not separate_head,
+      initializer_factor=1.0)
+  hf_model = getattr(transformers, model_class)(config)
+  if separate_head:  # transformers 5 ties at construction; v1.1, mT5 and MADLAD do not
+    # Drawn at d_model ** -0.5 rather than transformers' 1.0: unscaled logits of unit
+    # vectors would start sqrt(d_model) wide and a short training would not recover.
+    hf_model.lm_head.weight = torch.nn.Parameter(
+        torch.randn(rows, model_dim) * model_dim ** -0.5)
+  loss = _train(hf_model, plan, ids, pad_id=0, learning_rate=learning_rate)
+  generation_config = transformers.GenerationConfig(decoder_start_token_id=0, eos_token_id=1,
+                                                    pad_token_id=0, max_length=max_length)
+  info = _save(hf_model, tokenizer, generation_config, out, kind=variant, started=started,
+               steps=steps, loss=loss, seed=seed)
+  (out / "spiece.model").write_bytes(model_proto)
+  return info
+
+
+def _padded_spm(model: bytes, pieces: int) -> bytes:
+  """The sentencepiece model with filler pieces (``▁fillerN``, scored below every real
+  piece, so text never segments into them) appended up to ``pieces``: a published
+  model's vocabulary size without training one that large."""
+  from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415
+
+  proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+  if pieces < len(proto.pieces):
+    raise ValueError(f"{pieces} pieces requested, but the trained model already has "
+                     f"{len(proto.pieces)}; lower spm_vocab_size")
+  lowest = min(piece.score for piece in proto.pieces)
+  for i in range(pieces - len(proto.pieces)):
+    piece = proto.pieces.add()
+    piece.piece, piece.score = f"\u2581filler{i}", lowest - 1.0 - i * 1e-4
+    piece.type = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
+  return proto.SerializeToString()
+
+
+def _benchmark_corpus(data_dir: str | os.PathLike | None, seed: int) -> list[str]:
+  if data_dir is None:
+    return _synthetic_sentences(seed)
+  return (_read_lines(data_dir, "train", "de", 29_000) + _read_lines(data_dir, "train", "en",
+                                                                     29_000))
+
+
+def build_random_t5(out_dir: str | os.PathLike, *, vocab_size: int = 32128, model_dim: int = 512,
+                    layers: int = 6, heads: int = 8, head_dim: int = 64, ffn: int = 2048,
+                    variant: str = "t5", spm_pieces: int = 32000, spm_vocab_size: int = 8000,
+                    extra_ids: int = 100, data_dir: str | os.PathLike | None = None,
+                    max_length: int = 512, seed: int = 0) -> BuildInfo:
+  """A T5-family checkpoint of a published size with random weights, for speed benchmarks.
+
+  The defaults are t5-small's (6 + 6 layers, d 512, 8 heads of 64, FFN 2048, ReLU,
+  tied output, 32,000 pieces + 100 sentinels in an embedding of 32,128 rows). The
+  sentencepiece model is trained (at most ``spm_vocab_size`` pieces, on Multi30k
+  when ``data_dir`` is given, else on generated sentences) and padded with filler
+  pieces to ``spm_pieces``. ``variant`` as ``build_t5``. Outputs are not meaningful.
+  """
+  import torch  # noqa: PLC0415
+  import transformers  # noqa: PLC0415
+
+  model_class, feed_forward, separate_head, _ = T5_VARIANTS[variant]
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(_benchmark_corpus(data_dir, seed)), model_writer=model,
+      vocab_size=spm_vocab_size, model_type="unigram", character_coverage=1.0, num_threads=1,
+      input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
+      minloglevel=2, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+  model_proto = _padded_spm(model.getvalue(), spm_pieces)
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "spiece.model").write_bytes(model_proto)
+    tokenizer = transformers.T5Tokenizer.from_pretrained(workdir, extra_ids=extra_ids)
+  if vocab_size < len(tokenizer):
+    raise ValueError(f"vocab_size={vocab_size} is below the tokenizer's {len(tokenizer)} ids")
+  torch.manual_seed(seed)
+  config_class = transformers.MT5Config if variant == "mt5" else transformers.T5Config
+  config = config_class(
+      vocab_size=vocab_size, d_model=model_dim, d_kv=head_dim, d_ff=ffn, num_layers=layers,
+      num_heads=heads, feed_forward_proj=feed_forward, pad_token_id=0, eos_token_id=1,
+      decoder_start_token_id=0, tie_word_embeddings=not separate_head)
+  hf_model = getattr(transformers, model_class)(config).eval()
+  if separate_head:
+    hf_model.lm_head.weight = torch.nn.Parameter(
+        torch.randn(vocab_size, model_dim) * model_dim ** -0.5)
+  generation_config = transformers.GenerationConfig(decoder_start_token_id=0, eos_token_id=1,
+                                                    pad_token_id=0, max_length=max_length)
+  info = _save(hf_model, tokenizer, generation_config, out, kind=variant, started=started,
+               steps=0, loss=float("nan"), seed=seed)
+  (out / "spiece.model").write_bytes(model_proto)
+  return info
+
+
+def build_random_mbart50(out_dir: str | os.PathLike, *, model_dim: int = 1024, layers: int = 12,
+                         heads: int = 16, ffn: int = 4096, spm_pieces: int = 250000,
+                         spm_vocab_size: int = 8000, data_dir: str | os.PathLike | None = None,
+                         max_positions: int = 1024, max_length: int = 200,
+                         seed: int = 0) -> BuildInfo:
+  """An mBART-50-sized checkpoint with random weights, for speed benchmarks.
+
+  The defaults are mbart-large-50's (12 + 12 layers, d 1024, 16 heads, FFN 4096,
+  GELU, 250,054 ids: 250,000 pieces, the 52 language codes and the fairseq
+  specials), the sentencepiece model trained small and padded with filler pieces
+  to ``spm_pieces``. Outputs are not meaningful.
+  """
+  import torch  # noqa: PLC0415
+  from transformers import (GenerationConfig, MBart50Tokenizer, MBartConfig,  # noqa: PLC0415
+                            MBartForConditionalGeneration)
+
+  started = time.perf_counter()
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  model_proto = _padded_spm(_train_spm(_benchmark_corpus(data_dir, seed),
+                                       vocab_size=spm_vocab_size, model_type="unigram",
+                                       exact_size=False), spm_pieces)
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "sentencepiece.bpe.model").write_bytes(model_proto)
+    tokenizer = MBart50Tokenizer.from_pretrained(workdir, bos_token="<s>", src_lang="de_DE",
+                                                 tgt_lang="en_XX")
+  eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+  torch.manual_seed(seed)
+  config = MBartConfig(
+      vocab_size=len(tokenizer), d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
+      encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+      decoder_ffn_dim=ffn, max_position_embeddings=max_positions, activation_function="gelu",
+      scale_embedding=True, dropout=0.1, pad_token_id=pad_id, bos_token_id=0,
+      eos_token_id=eos_id, decoder_start_token_id=eos_id, forced_eos_token_id=eos_id,
+      tokenizer_class="MBart50Tokenizer", **_MBART_LEGACY_FIELDS)
+  model = MBartForConditionalGeneration(config).eval()
+  generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
+                                       eos_token_id=eos_id, forced_eos_token_id=eos_id,
+                                       pad_token_id=pad_id, max_length=max_length)
+  info = _save(model, tokenizer, generation_config, out, kind="mbart", started=started, steps=0,
+               loss=float("nan"), seed=seed)
+  (out / "sentencepiece.bpe.model").write_bytes(model_proto)
+  return info
+
+
+__all__ = ["BuildInfo", "build_marian", "build_m2m100", "build_mbart50", "build_nllb",
+           "build_random_marian", "build_t5", "build_random_t5", "build_random_mbart50"]

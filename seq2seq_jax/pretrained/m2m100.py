@@ -4,20 +4,21 @@ A pre-LN Transformer (LayerNorm before each sublayer, a final LayerNorm on the
 encoder and on the decoder) with ReLU feed-forward layers, token vectors scaled by
 sqrt(D), and fairseq's sinusoidal positions: tensor2tensor frequencies, a sine half
 and a cosine half, counted from ``pad_id + 1``. One token table serves encoder,
-decoder and output. Sources start with the source language code; decoding starts
+decoder and output (with ``tie_word_embeddings: false`` each has its own, as in
+transformers 5). Sources start with the source language code; decoding starts
 from EOS and the first generated token is forced to the target language code.
 """
 
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Container
 from typing import Any
-
-import numpy as np
 
 from seq2seq_jax.configs import TransformerConfig
 from seq2seq_jax.pretrained._convert import (Rule, bart_fields, bart_rules, embedding_rules,
                                              field)
+from seq2seq_jax.pretrained._io import Weights
 
 MODEL_TYPE = "m2m_100"
 ARCHITECTURES = ("M2M100ForConditionalGeneration",)
@@ -31,7 +32,7 @@ DEFAULTS = {"vocab_size": 128112, "d_model": 1024, "encoder_layers": 12, "decode
             "eos_token_id": 2, "decoder_start_token_id": 2, "tie_word_embeddings": True}
 
 
-def transformer_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
+def model_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
   """The ``TransformerConfig`` of an M2M100 / NLLB ``config.json``."""
   d = DEFAULTS
   return TransformerConfig(
@@ -39,14 +40,15 @@ def transformer_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> 
       positions="sinusoidal_fairseq",
       position_offset=field(hf, "pad_token_id", d) + 1,
       norm="pre",
-      share_embeddings=True,
+      # transformers 5 ties encoder, decoder and output tables all together, or none.
+      share_embeddings=bool(field(hf, "tie_word_embeddings", d)),
       dtype=dtype,
       **bart_fields(hf, d, source))
 
 
-def rules(config: TransformerConfig, tensors: dict[str, np.ndarray] | None) -> list[Rule]:
+def rules(config: TransformerConfig, weights: Container[str] | None) -> list[Rule]:
   """Every checkpoint tensor this library keeps; see ``ignored`` for the rest."""
-  return bart_rules(config, final_norms=True) + embedding_rules(config, tensors)
+  return bart_rules(config, final_norms=True) + embedding_rules(config, weights)
 
 
 def ignored(name: str) -> bool:
@@ -56,7 +58,6 @@ def ignored(name: str) -> bool:
       "lm_head.weight", "model.shared.weight")
 
 
-def check_fixed_tensors(config: TransformerConfig, tensors: dict[str, np.ndarray],
-                        source: pathlib.Path) -> None:
+def check_fixed_tensors(config: TransformerConfig, weights: Weights) -> None:
   """M2M100 stores no fixed tables to check (its positions are computed)."""
-  del config, tensors, source
+  del config, weights

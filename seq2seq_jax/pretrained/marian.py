@@ -11,6 +11,7 @@ is false (then the decoder has its own ``decoder_vocab_size`` table).
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from seq2seq_jax.configs import TransformerConfig
 from seq2seq_jax.layers.embeddings import position_table
 from seq2seq_jax.pretrained._convert import (Rule, bart_fields, bart_rules, embedding_rules,
                                              field)
+from seq2seq_jax.pretrained._io import Weights
 
 MODEL_TYPE = "marian"
 ARCHITECTURES = ("MarianMTModel",)
@@ -33,10 +35,12 @@ DEFAULTS = {"vocab_size": 58101, "decoder_vocab_size": None, "d_model": 1024,
             "decoder_start_token_id": 58100, "share_encoder_decoder_embeddings": True,
             "tie_word_embeddings": True}
 
-def transformer_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
+def model_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
   """The ``TransformerConfig`` of a Marian ``config.json`` (``source`` names it in errors)."""
   d = DEFAULTS
-  shared = bool(field(hf, "share_encoder_decoder_embeddings", d))
+  # transformers 5 ties encoder, decoder and output tables only with tie_word_embeddings.
+  tied = bool(field(hf, "tie_word_embeddings", d))
+  shared = bool(field(hf, "share_encoder_decoder_embeddings", d)) and tied
   vocab = field(hf, "vocab_size", d)
   target_vocab = hf.get("decoder_vocab_size") or vocab
   if shared and target_vocab != vocab:
@@ -44,18 +48,19 @@ def transformer_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> 
                      f"{vocab} but share_encoder_decoder_embeddings is true")
   return TransformerConfig(
       vocab_size=vocab,
-      target_vocab_size=0 if shared else target_vocab,
+      target_vocab_size=0 if shared or target_vocab == vocab else target_vocab,
       positions="sinusoidal_marian",
       norm="post",
       share_embeddings=shared,
-      output_bias=bool(field(hf, "tie_word_embeddings", d)),
+      output_bias=tied,
       dtype=dtype,
       **bart_fields(hf, d, source))
 
 
-def rules(config: TransformerConfig, tensors: dict[str, np.ndarray] | None) -> list[Rule]:
+def rules(config: TransformerConfig, weights: Container[str] | None) -> list[Rule]:
   """Every checkpoint tensor this library keeps; see ``ignored`` for the rest."""
-  out = bart_rules(config, final_norms=False) + embedding_rules(config, tensors)
+  out = bart_rules(config, final_norms=False) + embedding_rules(config, weights,
+                                                                output_bias="final_logits_bias")
   if config.tie_output:
     out.append(Rule("final_logits_bias", ("output_bias",), lambda b: b.reshape(-1),
                     lambda b: b.reshape(1, -1)))
@@ -69,14 +74,13 @@ def ignored(name: str) -> bool:
       "lm_head.weight", "model.shared.weight")
 
 
-def check_fixed_tensors(config: TransformerConfig, tensors: dict[str, np.ndarray],
-                        source: pathlib.Path) -> None:
+def check_fixed_tensors(config: TransformerConfig, weights: Weights) -> None:
   """A stored position table must be the one this library computes (older checkpoints
   store it; ``save_pretrained`` of transformers 5 does not)."""
   table = position_table("sinusoidal_marian", config.max_len, config.model_dim)
   for name in ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"):
-    if name in tensors:
-      stored = np.asarray(tensors[name], np.float32)
+    if name in weights:
+      stored = np.asarray(weights.read(name), np.float32)
       if stored.shape != table.shape or np.max(np.abs(stored - table)) > 1e-5:
-        raise ValueError(f"{source}: {name} is not Marian's sinusoidal table "
+        raise ValueError(f"{weights.file_of(name)}: {name} is not Marian's sinusoidal table "
                          f"{table.shape}; learned positions are not supported for Marian")

@@ -1,9 +1,16 @@
-"""Tokenizers of Hugging Face translation checkpoints (OPUS-MT, M2M100, NLLB-200), no transformers.
+"""Tokenizers of Hugging Face translation checkpoints (OPUS-MT, M2M100, NLLB-200, mBART-50,
+T5 / mT5 / MADLAD-400), without transformers.
 
-``MarianTokenizer`` and ``M2M100Tokenizer`` read the files ``save_pretrained``
-writes and run sentencepiece directly; ``NllbTokenizer`` reads NLLB's
-``tokenizer.json`` with the ``tokenizers`` library (transformers 5 keeps NLLB
-only in that form). Ids and decoded text match transformers 5's tokenizers.
+``MarianTokenizer`` and ``M2M100Tokenizer`` read the files the checkpoints ship and
+run sentencepiece directly; ``NllbTokenizer`` reads NLLB's ``tokenizer.json`` with
+the ``tokenizers`` library (transformers 5 keeps NLLB only in that form);
+``MBart50Tokenizer`` and ``T5Tokenizer`` run the directory's ``tokenizer.json`` when
+it has one (transformers 5 runs that file for these families) and sentencepiece
+otherwise. Ids and decoded text match transformers 5's tokenizers. Every tokenizer has ``encode_source(texts, lang,
+target_lang=...)``, ``encode_target``, ``target_prefix`` (ids forced first on the
+decoder side) and ``decode_batch``; a language goes where the family puts it
+(M2M100, NLLB, mBART-50: codes on both sides and the target code forced;
+OPUS-MT and MADLAD-400: the target's code in front of the source).
 
 Example:
   >>> tokenizer = load_tokenizer("opus-mt-de-en", "marian")  # a save_pretrained directory
@@ -350,6 +357,8 @@ class MarianTokenizer:
     self.pad_id = self._token_id(_named(self._config, "pad_token", "<pad>"), self._vocab)
     self.source_vocab_size = len(self._vocab)
     self.vocab_size = len(self._target_vocab) if self.separate_vocabs else len(self._vocab)
+    # The file that sets vocab_size, for messages.
+    self.vocab_file = "target_vocab.json" if self.separate_vocabs else "vocab.json"
     self.languages: tuple[str, ...] = tuple(
         piece[2:-2] for piece in self._vocab
         if piece.startswith(">>") and piece.endswith("<<") and len(piece) > 4)
@@ -406,15 +415,21 @@ class MarianTokenizer:
       ids += [self._token_id(piece, table) for piece in pieces]
     return ids + [self.eos_id]
 
-  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
+                    target_lang: str | None = None) -> list[list[int]]:
     """Source ids of each text, EOS last: ``tokenizer(texts)["input_ids"]``.
 
     Args:
       texts: sentences.
-      lang: target language of a multilingual model; prepends its ``>>lang<<`` token
-        (the same ids as transformers on ``f">>{lang}<< {text}"``). None leaves the
-        texts as they are (they may carry their own code).
+      lang: without ``target_lang``, the target language of a multilingual model
+        (OPUS-MT marks the target on the source side: this argument's meaning before
+        ``target_lang`` existed); ignored when ``target_lang`` is given.
+      target_lang: the target language of a multilingual model; prepends its
+        ``>>lang<<`` token (the same ids as transformers on ``f">>{lang}<< {text}"``).
+        None (and no ``lang``) leaves the texts as they are (they may carry their
+        own code).
     """
+    lang = lang if target_lang is None else target_lang
     self._check_lang(lang)
     if lang is not None:
       texts = [f">>{lang}<< {text}" for text in texts]
@@ -543,6 +558,7 @@ class M2M100Tokenizer:
     self.vocab_size = (len(self._vocab) + len(self.languages)
                        + int(self._config.get("num_madeup_words", 8)))
     self.source_vocab_size = self.vocab_size
+    self.vocab_file = "vocab.json"  # plus the language codes and made-up words
 
   @classmethod
   def from_directory(cls, path: str | os.PathLike) -> M2M100Tokenizer:
@@ -592,14 +608,18 @@ class M2M100Tokenizer:
         ids += [self._token_id(piece) for piece in self._sp.encode(segment, out_type=str)]
     return ids
 
-  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
+                    target_lang: str | None = None) -> list[list[int]]:
     """``[__lang__] pieces </s>`` per text, as ``tokenizer(texts)`` with ``src_lang=lang``.
 
     Args:
       texts: sentences.
       lang: the source language; None takes ``src_lang`` of tokenizer_config.json and
         raises when that is unset (transformers would silently use ``en``).
+      target_lang: only checked: M2M100 forces the target code on the decoder side.
     """
+    if target_lang is not None:
+      self._lang_id(target_lang, "target")
     lang_id = self._lang_id(lang, "source")
     return [[lang_id, *self._pieces(text), self.eos_id] for text in texts]
 
@@ -667,6 +687,42 @@ def _import_tokenizers():
   return tokenizers
 
 
+class _JsonPieces:
+  """The pieces of a ``tokenizer.json`` run by the ``tokenizers`` library, without the
+  special tokens its post-processor adds (the tokenizer classes place those).
+
+  transformers 5 runs this file for mBART-50 and the T5 family: its pipeline (a
+  ``▁`` piece for a trailing space or a run of spaces, added tokens cut out of the
+  text with their own spacing) differs from sentencepiece's at those places.
+  """
+
+  def __init__(self, text: str, clean_up: bool):
+    tokenizers = _import_tokenizers()
+    self.text = str(text)
+    try:
+      self._backend = tokenizers.Tokenizer.from_str(self.text)
+    except Exception as error:  # the Rust side raises plain Exceptions
+      raise ValueError(f"tokenizer.json cannot be read by the tokenizers library ({error}): "
+                       "copy the checkpoint's file again or delete it (sentencepiece then "
+                       "runs the model file)") from None
+    self._backend.no_truncation()
+    self._backend.no_padding()
+    self._clean_up = clean_up
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    return [list(e.ids) for e in self._backend.encode_batch(list(texts),
+                                                             add_special_tokens=False)]
+
+  def decode(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    texts = self._backend.decode_batch([list(row) for row in rows], skip_special_tokens=True)
+    return [_clean_up_spaces(text) for text in texts] if self._clean_up else list(texts)
+
+
+def _read_tokenizer_json(directory: pathlib.Path) -> str | None:
+  path = directory / "tokenizer.json"
+  return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
 class NllbTokenizer:
   """NLLB-200's tokenizer from ``tokenizer.json`` (transformers 5 has no sentencepiece form).
 
@@ -711,6 +767,7 @@ class NllbTokenizer:
     self.unk_id = required("unk_token", "<unk>")
     self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
     self.source_vocab_size = self.vocab_size
+    self.vocab_file = "tokenizer.json"
     added = sorted(self._backend.get_added_tokens_decoder().items())
     self.languages: tuple[str, ...] = tuple(
         token.content for _, token in added
@@ -753,9 +810,13 @@ class NllbTokenizer:
       return [[*encoding.ids, self.eos_id, lang_id] for encoding in encodings]
     return [[lang_id, *encoding.ids, self.eos_id] for encoding in encodings]
 
-  def encode_source(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
+                    target_lang: str | None = None) -> list[list[int]]:
     """Source ids, as ``tokenizer(texts)`` with ``src_lang=lang`` (None: the config's
-    ``src_lang``, else an error)."""
+    ``src_lang``, else an error); ``target_lang`` is only checked (NLLB forces the
+    target code on the decoder side)."""
+    if target_lang is not None:
+      self._lang_id(target_lang, "target")
     return self._encode(texts, self._lang_id(lang, "source"))
 
   def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
@@ -794,10 +855,374 @@ class NllbTokenizer:
 
 
 # ---------------------------------------------------------------------------------------------
+# mBART-50
+
+# mBART-50's language codes in id order: the code at index i has id (pieces + 1) + i.
+_MBART50_LANGUAGE_CODES = tuple(
+    "ar_AR cs_CZ de_DE en_XX es_XX et_EE fi_FI fr_XX gu_IN hi_IN it_IT ja_XX kk_KZ ko_KR lt_LT "
+    "lv_LV my_MM ne_NP nl_XX ro_RO ru_RU si_LK tr_TR vi_VN zh_CN af_ZA az_AZ bn_IN fa_IR he_IL "
+    "hr_HR id_ID ka_GE km_KH mk_MK ml_IN mn_MN mr_IN pl_PL ps_AF pt_XX sv_SE sw_KE ta_IN te_IN "
+    "th_TH tl_XX uk_UA ur_PK xh_ZA gl_ES sl_SI".split())
+_FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0-3 of fairseq's vocabularies
+
+
+def _spm_dict(kind: str, spm_bytes: bytes, config: Mapping[str, Any],
+              pieces: _JsonPieces | None) -> dict[str, Any]:
+  d = {"kind": kind, "format_version": _FORMAT_VERSION, "spm_model": _b64(spm_bytes),
+       "config": dict(config)}
+  if pieces is not None:
+    d["tokenizer_json"] = pieces.text
+  return d
+
+
+def _split_atomic(text: str, pattern: re.Pattern | None) -> list[str]:
+  """``text`` cut before and after each match of ``pattern`` (tokens never split), empty
+  segments dropped."""
+  if pattern is None:
+    return [text] if text else []
+  segments, start = [], 0
+  for match in pattern.finditer(text):
+    segments += [text[start:match.start()], match.group()]
+    start = match.end()
+  segments.append(text[start:])
+  return [segment for segment in segments if segment]
+
+
+def _atomic_pattern(tokens: Sequence[str]) -> re.Pattern | None:
+  by_length = sorted(set(tokens), key=len, reverse=True)
+  return re.compile("|".join(map(re.escape, by_length))) if by_length else None
+
+
+class MBart50Tokenizer:
+  """mBART-50's tokenizer: its sentencepiece model in fairseq's layout, 52 language codes.
+
+  Ids: ``<s> <pad> </s> <unk>`` are 0-3, the model's piece i is i + 1, then the
+  language codes (``ar_AR`` ... ``sl_SI``) and ``<mask>``: 250,054 ids for the
+  published models. Both sides are ``[code] pieces </s>``; generation starts from
+  EOS and forces the target code first (``target_prefix``). The language codes
+  and the special tokens are cut out of the text and skipped when decoding, as
+  transformers does. Reads ``sentencepiece.bpe.model`` (which the published
+  checkpoints ship) and, when the directory has one, ``tokenizer.json``
+  (transformers 5's ``save_pretrained`` writes it): with it, the pieces come from
+  the ``tokenizers`` library running that file, as transformers 5 runs it, so ids
+  and text are transformers' also where its pipeline differs from sentencepiece (a
+  trailing space or a run of spaces kept as a ``▁`` piece); without it, from
+  sentencepiece, as fairseq has them.
+
+  Attributes:
+    pad_id, eos_id, unk_id: 1, 2, 3.
+    vocab_size, source_vocab_size: every id (pieces, codes, ``<mask>``).
+    languages: the 52 codes.
+  """
+
+  kind = "mbart50"
+
+  def __init__(self, *, spm_model: bytes, config: Mapping[str, Any],
+               tokenizer_json: str | None = None):
+    """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
+    self._config = dict(config)
+    self._spm_bytes = bytes(spm_model)
+    self._sp = _load_processor(self._spm_bytes, "sentencepiece.bpe.model",
+                               self._config.get("sp_model_kwargs") or {})
+    pieces = self._sp.get_piece_size()
+    self.languages: tuple[str, ...] = _MBART50_LANGUAGE_CODES
+    self._lang_ids = {code: pieces + 1 + i for i, code in enumerate(self.languages)}
+    mask = _named(self._config, "mask_token", "<mask>")
+    self._special_ids = {token: i for i, token in enumerate(_FAIRSEQ_SPECIALS)}
+    self._special_ids.update(self._lang_ids)
+    self._special_ids[mask] = pieces + 1 + len(self.languages)
+    self._pattern = _atomic_pattern(list(self._special_ids))
+    self._pieces_count = pieces
+    self.pad_id, self.eos_id, self.unk_id = 1, 2, 3
+    self.vocab_size = pieces + 2 + len(self.languages)
+    self.source_vocab_size = self.vocab_size
+    self.vocab_file = "sentencepiece.bpe.model"  # plus the codes and <mask>
+    self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
+    self._json = None if tokenizer_json is None else _JsonPieces(tokenizer_json, self._clean_up)
+
+  @classmethod
+  def from_directory(cls, path: str | os.PathLike) -> MBart50Tokenizer:
+    """Reads ``sentencepiece.bpe.model``, ``tokenizer_config.json`` and, when present,
+    ``tokenizer.json``."""
+    directory = pathlib.Path(path).expanduser()
+    fix = ("copy the checkpoint's sentencepiece.bpe.model and tokenizer_config.json here "
+           "(the published mBART-50 checkpoints ship them; transformers 5's save_pretrained "
+           "writes only tokenizer.json)")
+    config = _read_json(directory / "tokenizer_config.json", fix)
+    if not isinstance(config, dict):
+      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
+    config = _legacy_merge(config, directory)
+    return cls(spm_model=_read_bytes(directory / "sentencepiece.bpe.model", fix), config=config,
+               tokenizer_json=_read_tokenizer_json(directory))
+
+  def __repr__(self) -> str:
+    return f"MBart50Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
+
+  def _lang_id(self, lang: str | None, side: str) -> int:
+    if lang is None:
+      lang = self._config.get("src_lang" if side == "source" else "tgt_lang")
+    if lang is None or lang not in self._lang_ids:
+      raise _unknown_language(lang, self.languages, f"MBart50Tokenizer ({side} side; pass "
+                                                    "lang=... such as 'de_DE')")
+    return self._lang_ids[lang]
+
+  def _pieces(self, text: str) -> list[int]:
+    ids = []
+    for segment in _split_atomic(text, self._pattern):
+      if segment in self._special_ids:
+        ids.append(self._special_ids[segment])
+        continue
+      for piece in self._sp.encode(segment):
+        ids.append(self.unk_id if self._sp.is_unknown(piece) else piece + 1)
+    return ids
+
+  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
+                    target_lang: str | None = None) -> list[list[int]]:
+    """``[code] pieces </s>`` per text, as ``tokenizer(texts)`` with ``src_lang=lang``
+    (None: ``src_lang`` of tokenizer_config.json); ``target_lang`` is only checked."""
+    if target_lang is not None:
+      self._lang_id(target_lang, "target")
+    return self._encode(texts, self._lang_id(lang, "source"))
+
+  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """``[code] pieces </s>`` per text, as ``tokenizer(text_target=texts)`` with
+    ``tgt_lang=lang``."""
+    return self._encode(texts, self._lang_id(lang, "target"))
+
+  def _encode(self, texts: Sequence[str], code: int) -> list[list[int]]:
+    rows = (self._json.encode(texts) if self._json is not None
+            else [self._pieces(text) for text in texts])
+    return [[code, *row, self.eos_id] for row in rows]
+
+  def target_prefix(self, lang: str | None = None) -> list[int]:
+    """``[id of lang]``: what generation forces after the decoder start (EOS)."""
+    return [self._lang_id(lang, "target")]
+
+  def _decode(self, ids: Sequence[int]) -> str:
+    # Special ids (codes, <s>, <pad>, </s>, <unk>, <mask>) are skipped, as
+    # skip_special_tokens does; the rest are the model's pieces shifted by one.
+    pieces = [i - 1 for i in ids if 4 <= i <= self._pieces_count]
+    text = self._sp.decode(pieces)
+    return _clean_up_spaces(text) if self._clean_up else text
+
+  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    """Text of each row, ``batch_decode(rows, skip_special_tokens=True)``: a leading EOS (the
+    decoder start) is dropped and decoding stops at the next EOS."""
+    rows = [_truncate_at_eos(row, self.eos_id, True) for row in rows]
+    if self._json is not None:
+      return self._json.decode(rows)
+    return [self._decode(row) for row in rows]
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable copy (sentencepiece model in base64, tokenizer.json as text);
+    ``from_dict`` restores it."""
+    return _spm_dict(self.kind, self._spm_bytes, self._config, self._json)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> MBart50Tokenizer:
+    _check_kind(d, cls.kind)
+    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind),
+               tokenizer_json=d.get("tokenizer_json"))
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes a directory that transformers' ``MBart50Tokenizer.from_pretrained`` loads."""
+    directory = pathlib.Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sentencepiece.bpe.model").write_bytes(self._spm_bytes)
+    if self._json is not None:
+      (directory / "tokenizer.json").write_text(self._json.text, encoding="utf-8")
+    config = {key: value for key, value in self._config.items()
+              if key not in ("backend", "added_tokens_decoder")}
+    _write_json(directory / "tokenizer_config.json",
+                {**config, "tokenizer_class": "MBart50Tokenizer"})
+
+
+# ---------------------------------------------------------------------------------------------
+# T5, mT5, MADLAD-400
+
+_MADLAD_CODE = re.compile(r"<2([^<>\s]+)>")
+
+
+class T5Tokenizer:
+  """The T5 family's tokenizer: ``spiece.model`` run by sentencepiece, ``<extra_id_N>`` after it.
+
+  Ids are the sentencepiece model's own (``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2 in T5's
+  models), then ``extra_ids`` sentinels (tokenizer_config.json, default 100) in
+  reverse: ``<extra_id_0>`` is the last id. Text is pieces then EOS on both sides.
+  When the directory has a ``tokenizer.json`` (transformers 5's ``save_pretrained``
+  writes it; the published checkpoints mostly ship it) the pieces come from the
+  ``tokenizers`` library running it, as transformers 5 runs it; otherwise from
+  sentencepiece, with the special tokens, the sentinels and the model's
+  user-defined pieces cut out of the text first. Decoding skips pad, EOS, unk and
+  the sentinels.
+  MADLAD-400 marks the target language with a ``<2xx>`` piece in front of the
+  source: ``encode_source(texts, target_lang="de")`` gives the ids of
+  ``"<2de> " + text``.
+
+  Attributes:
+    pad_id, eos_id, unk_id: from tokenizer_config.json's tokens (T5: 0, 1, 2).
+    vocab_size, source_vocab_size: pieces + sentinels (the model's embedding may be
+      larger: 32,128 against 32,100 for T5).
+    languages: the ``xx`` of the model's ``<2xx>`` pieces (MADLAD-400); empty for T5.
+  """
+
+  kind = "t5"
+
+  def __init__(self, *, spm_model: bytes, config: Mapping[str, Any],
+               tokenizer_json: str | None = None):
+    """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
+    from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415
+
+    self._config = dict(config)
+    self._spm_bytes = bytes(spm_model)
+    self._sp = _load_processor(self._spm_bytes, "spiece.model",
+                               self._config.get("sp_model_kwargs") or {})
+    pieces = self._sp.get_piece_size()
+    extra_ids = self._config.get("extra_ids", 100)
+    if not isinstance(extra_ids, int) or isinstance(extra_ids, bool) or extra_ids < 0:
+      raise ValueError(f"tokenizer_config.json: extra_ids={extra_ids!r} must be an integer "
+                       ">= 0; fix it or re-save the tokenizer")
+    self._sentinels = {f"<extra_id_{i}>": pieces + extra_ids - 1 - i for i in range(extra_ids)}
+    proto = sentencepiece_model_pb2.ModelProto.FromString(self._spm_bytes)
+    user_defined = [p.piece for p in proto.pieces
+                    if p.type == sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED]
+    self._atomic = {**{piece: self._sp.piece_to_id(piece) for piece in user_defined},
+                    **self._sentinels}
+    self._pattern = _atomic_pattern(list(self._atomic))
+
+    def token_id(name: str, default: str) -> int:
+      token = _named(self._config, name, default)
+      index = self._sp.piece_to_id(token)
+      if self._sp.id_to_piece(index) != token:
+        raise ValueError(f"spiece.model has no {name} {token!r}: fix tokenizer_config.json or "
+                         "copy the checkpoint's spiece.model again")
+      return index
+
+    self.pad_id = token_id("pad_token", "<pad>")
+    self.eos_id = token_id("eos_token", "</s>")
+    self.unk_id = token_id("unk_token", "<unk>")
+    # Special tokens written in the text are theirs, as transformers cuts them out.
+    self._atomic.update({self._sp.id_to_piece(i): i
+                         for i in (self.pad_id, self.eos_id, self.unk_id)})
+    self._pattern = _atomic_pattern(list(self._atomic))
+    self._skipped = {self.pad_id, self.eos_id, self.unk_id, *self._sentinels.values()}
+    self._pieces_count = pieces
+    self.vocab_size = pieces + extra_ids
+    self.source_vocab_size = self.vocab_size
+    self.vocab_file = "spiece.model"  # plus the extra_ids of tokenizer_config.json
+    self.languages: tuple[str, ...] = tuple(
+        match.group(1) for i in range(pieces)
+        if (match := _MADLAD_CODE.fullmatch(self._sp.id_to_piece(i))))
+    self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
+    self._json = None if tokenizer_json is None else _JsonPieces(tokenizer_json, self._clean_up)
+
+  @classmethod
+  def from_directory(cls, path: str | os.PathLike) -> T5Tokenizer:
+    """Reads ``spiece.model``, ``tokenizer_config.json`` (absent: T5's defaults) and,
+    when present, ``tokenizer.json``."""
+    directory = pathlib.Path(path).expanduser()
+    fix = ("copy the checkpoint's spiece.model here (the published T5, mT5 and MADLAD-400 "
+           "checkpoints ship it; transformers 5's save_pretrained writes only tokenizer.json)")
+    config: Any = {}
+    if (directory / "tokenizer_config.json").is_file():
+      config = _read_json(directory / "tokenizer_config.json", fix)
+      if not isinstance(config, dict):
+        raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
+    config = _legacy_merge(config, directory)
+    return cls(spm_model=_read_bytes(directory / "spiece.model", fix), config=config,
+               tokenizer_json=_read_tokenizer_json(directory))
+
+  def __repr__(self) -> str:
+    return f"T5Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
+
+  def _check_target(self, lang: str | None) -> None:
+    if lang is not None and lang not in self.languages:
+      raise _unknown_language(lang, self.languages, "T5Tokenizer (the <2xx> target codes of "
+                                                    "spiece.model)")
+
+  def _encode(self, texts: Sequence[str]) -> list[list[int]]:
+    if self._json is not None:
+      return [row + [self.eos_id] for row in self._json.encode(texts)]
+    rows = []
+    for text in texts:
+      ids = []
+      for segment in _split_atomic(text, self._pattern):
+        ids += [self._atomic[segment]] if segment in self._atomic else self._sp.encode(segment)
+      rows.append(ids + [self.eos_id])
+    return rows
+
+  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
+                    target_lang: str | None = None) -> list[list[int]]:
+    """Source ids, pieces then EOS: ``tokenizer(texts)["input_ids"]``.
+
+    Args:
+      texts: sentences.
+      lang: the source language: only checked (MADLAD-400 marks the target alone); a
+        T5 without ``<2xx>`` codes takes none.
+      target_lang: MADLAD-400's target language: ``<2xx>`` goes in front of each text
+        (the ids of transformers on ``f"<2{target_lang}> {text}"``). None leaves the
+        texts as they are (they may carry their own code).
+    """
+    self._check_target(lang)
+    self._check_target(target_lang)
+    if target_lang is not None:
+      texts = [f"<2{target_lang}> {text}" for text in texts]
+    return self._encode(texts)
+
+  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """Target ids, pieces then EOS (``lang`` is only checked: the target carries no code)."""
+    self._check_target(lang)
+    return self._encode(texts)
+
+  def target_prefix(self, lang: str | None = None) -> list[int]:
+    """Ids forced after the decoder start: none (``lang`` is only checked)."""
+    self._check_target(lang)
+    return []
+
+  def _decode(self, ids: Sequence[int]) -> str:
+    kept = [i for i in ids if i not in self._skipped and 0 <= i < self._pieces_count]
+    text = self._sp.decode(kept)
+    return _clean_up_spaces(text) if self._clean_up else text
+
+  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    """Text of each row up to its first EOS: ``batch_decode(rows, skip_special_tokens=True)``."""
+    rows = [_truncate_at_eos(row, self.eos_id, False) for row in rows]
+    if self._json is not None:
+      return self._json.decode(rows)
+    return [self._decode(row) for row in rows]
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable copy (sentencepiece model in base64, tokenizer.json as text);
+    ``from_dict`` restores it."""
+    return _spm_dict(self.kind, self._spm_bytes, self._config, self._json)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> T5Tokenizer:
+    _check_kind(d, cls.kind)
+    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind),
+               tokenizer_json=d.get("tokenizer_json"))
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes a directory that transformers' ``T5Tokenizer.from_pretrained`` loads."""
+    directory = pathlib.Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "spiece.model").write_bytes(self._spm_bytes)
+    if self._json is not None:
+      (directory / "tokenizer.json").write_text(self._json.text, encoding="utf-8")
+    config = {key: value for key, value in self._config.items()
+              if key not in ("backend", "added_tokens_decoder")}
+    _write_json(directory / "tokenizer_config.json",
+                {**config, "tokenizer_class": "T5Tokenizer",
+                 "extra_ids": len(self._sentinels)})
+
+
+# ---------------------------------------------------------------------------------------------
 # Dispatch
 
-PretrainedTokenizer = MarianTokenizer | M2M100Tokenizer | NllbTokenizer
-_KINDS = {cls.kind: cls for cls in (MarianTokenizer, M2M100Tokenizer, NllbTokenizer)}
+PretrainedTokenizer = (MarianTokenizer | M2M100Tokenizer | NllbTokenizer | MBart50Tokenizer
+                       | T5Tokenizer)
+_KINDS = {cls.kind: cls for cls in (MarianTokenizer, M2M100Tokenizer, NllbTokenizer,
+                                    MBart50Tokenizer, T5Tokenizer)}
 
 
 def load_tokenizer(path: str | os.PathLike, model_type: str) -> PretrainedTokenizer:
@@ -805,13 +1230,27 @@ def load_tokenizer(path: str | os.PathLike, model_type: str) -> PretrainedTokeni
 
   Args:
     path: the checkpoint directory.
-    model_type: ``config.json``'s ``model_type``: ``"marian"`` or ``"m2m_100"`` (M2M100
+    model_type: ``config.json``'s ``model_type``: ``"marian"``, ``"m2m_100"`` (M2M100
       and NLLB-200 share it; ``tokenizer_class`` in tokenizer_config.json, or the files
-      present, tell them apart); ``"nllb"`` forces NLLB.
+      present, tell them apart), ``"mbart"`` (mBART-50's tokenizer), ``"t5"`` or
+      ``"mt5"``; ``"nllb"`` forces NLLB.
   """
   directory = pathlib.Path(path).expanduser()
   if model_type == "marian":
     return MarianTokenizer.from_directory(directory)
+  if model_type in ("t5", "mt5"):
+    return T5Tokenizer.from_directory(directory)
+  if model_type == "mbart":
+    config_path = directory / "tokenizer_config.json"
+    config = _read_json(config_path, "save the tokenizer with transformers' save_pretrained "
+                                     "into this directory")
+    tokenizer_class = str(config.get("tokenizer_class") or "") if isinstance(config, dict) else ""
+    if tokenizer_class and not tokenizer_class.startswith("MBart50"):
+      raise ValueError(f"{config_path}: tokenizer_class={tokenizer_class!r}; the mBART "
+                       "checkpoints this library reads are mBART-50's, with MBart50Tokenizer "
+                       "(mBART-25's MBartTokenizer puts the language code last and starts "
+                       "decoding with it); load with with_tokenizer=False for ids only")
+    return MBart50Tokenizer.from_directory(directory)
   if model_type == "nllb":
     return NllbTokenizer.from_directory(directory)
   if model_type == "m2m_100":
@@ -823,8 +1262,8 @@ def load_tokenizer(path: str | os.PathLike, model_type: str) -> PretrainedTokeni
         not tokenizer_class and (directory / "tokenizer.json").is_file()
         and not (directory / "vocab.json").is_file())
     return (NllbTokenizer if is_nllb else M2M100Tokenizer).from_directory(directory)
-  raise ValueError(f"model_type={model_type!r} has no tokenizer here; use 'marian', 'm2m_100' or "
-                   "'nllb'")
+  raise ValueError(f"model_type={model_type!r} has no tokenizer here; use 'marian', 'm2m_100', "
+                   "'nllb', 'mbart', 't5' or 'mt5'")
 
 
 def tokenizer_from_dict(d: Mapping[str, Any]) -> PretrainedTokenizer:
@@ -836,5 +1275,5 @@ def tokenizer_from_dict(d: Mapping[str, Any]) -> PretrainedTokenizer:
   return _KINDS[kind].from_dict(d)
 
 
-__all__ = ["MarianTokenizer", "M2M100Tokenizer", "NllbTokenizer", "PretrainedTokenizer",
-           "load_tokenizer", "tokenizer_from_dict"]
+__all__ = ["MarianTokenizer", "M2M100Tokenizer", "NllbTokenizer", "MBart50Tokenizer",
+           "T5Tokenizer", "PretrainedTokenizer", "load_tokenizer", "tokenizer_from_dict"]

@@ -63,6 +63,7 @@ from seq2seq_jax.training import optimizer as optimizer_lib
 from seq2seq_jax.training import schedules
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training import step as step_lib
+from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
              "sentencepiece", "sacrebleu", "numpy")
@@ -318,6 +319,13 @@ def _load_tokenizer(config: ExperimentConfig, workdir: pathlib.Path,
   if tokenizer.vocab_size > vocab_size:
     raise ValueError(f"the tokenizer has {tokenizer.vocab_size} pieces but model.vocab_size="
                      f"{vocab_size}: set model.vocab_size to {tokenizer.vocab_size}")
+  # The run's own vocabulary has PAD 0, BOS 1, EOS 2; a model built with other ids (T5Config's
+  # defaults are T5's 0 / 0 / 1) would learn to end outputs with a piece.
+  if (config.model.pad_id, config.model.eos_id) != (PAD_ID, EOS_ID):
+    raise ValueError(f"model.pad_id={config.model.pad_id}, model.eos_id={config.model.eos_id}: "
+                     f"the run's own sentencepiece vocabulary has PAD {PAD_ID} and EOS {EOS_ID}; "
+                     f"set model.pad_id={PAD_ID}, model.eos_id={EOS_ID} (and "
+                     f"model.decoder_start_id={BOS_ID})")
   return tokenizer
 
 
@@ -327,8 +335,14 @@ def _pretrained_start(config: ExperimentConfig):
   checkpoint = pretrained.load(config.train.init_from)
   free = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate", "dtype",
           "attention_impl")
-  theirs = dataclasses.replace(checkpoint.config, **{f: getattr(config.model, f, None)
-                                                    for f in free})
+  if type(checkpoint.config) is not type(config.model):
+    raise ValueError(f"TrainConfig.init_from={config.train.init_from!r} holds a "
+                     f"{type(checkpoint.config).__name__}, but config.model is a "
+                     f"{type(config.model).__name__}; build the run with "
+                     "seq2seq_jax.pretrained.experiment_config (the CLI's --init-from does)")
+  own = {field.name for field in dataclasses.fields(checkpoint.config)}
+  theirs = dataclasses.replace(checkpoint.config, **{f: getattr(config.model, f)
+                                                    for f in free if f in own})
   if theirs != config.model:
     differences = config_diff(dataclasses.replace(config, model=theirs), config)
     raise ValueError(f"TrainConfig.init_from={config.train.init_from!r}: config.model differs "

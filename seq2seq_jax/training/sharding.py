@@ -96,6 +96,9 @@ PARAMETER_AXES: tuple[tuple[tuple[str, ...], int, tuple[str | None, ...]], ...] 
     (("out", "kernel"), 3, (HEADS, KV, EMBED)),
     (("wi", "kernel"), 2, (EMBED, MLP)),
     (("wi", "bias"), 1, (MLP,)),
+    (("wi_0", "kernel"), 2, (EMBED, MLP)),  # gated feed-forward layers (T5 v1.1, mT5)
+    (("wi_1", "kernel"), 2, (EMBED, MLP)),
+    (("relative_attention_bias",), 2, (None, HEADS)),  # T5's [buckets, H]
     (("wo", "kernel"), 2, (MLP, EMBED)),
     (("output_projection", "kernel"), 2, (EMBED, VOCAB)),
     (("output_projection", "bias"), 1, (VOCAB,)),
@@ -218,18 +221,23 @@ def check_model_parallelism(model_config: Any, model_parallelism: int) -> None:
   """Raises ``ValueError`` unless ``model_config`` can be split ``model_parallelism`` ways."""
   if model_parallelism == 1:
     return
-  from seq2seq_jax.configs import TransformerConfig
-  if not isinstance(model_config, TransformerConfig):
+  from seq2seq_jax.configs import T5Config, TransformerConfig
+  if not isinstance(model_config, (TransformerConfig, T5Config)):
     raise ValueError(f"TrainConfig.model_parallelism={model_parallelism}: tensor parallelism "
                      f"splits the Transformer's heads and MLP; a {type(model_config).__name__} "
                      "has neither. Set train.model_parallelism=1 (use "
                      "train.parameter_sharding=fsdp to spread its memory)")
-  for field in ("num_heads", "mlp_dim"):
-    value = getattr(model_config, field)
-    if value % model_parallelism:
-      raise ValueError(f"TransformerConfig.{field}={value} is not divisible by "
-                       f"TrainConfig.model_parallelism={model_parallelism}; choose a "
-                       f"model_parallelism that divides both num_heads and mlp_dim")
+  name = type(model_config).__name__
+  for side in ("encoder", "decoder"):
+    stack = getattr(model_config, f"{side}_stack")
+    for field, value in (("num_heads", stack.num_heads), ("mlp_dim", stack.mlp_dim)):
+      if value % model_parallelism:
+        # The decoder can only fail where it has its own value (decoder_num_heads ...).
+        shown = field if side == "encoder" else f"decoder_{field}"
+        raise ValueError(f"{name}.{shown}={value} is not divisible by "
+                         f"TrainConfig.model_parallelism={model_parallelism}; choose a "
+                         "model_parallelism that divides the heads and MLP widths of both "
+                         "the encoder and the decoder")
 
 
 def per_device_bytes(array: jax.Array) -> int:

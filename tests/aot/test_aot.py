@@ -18,7 +18,7 @@ from seq2seq_jax import aot, presets
 from seq2seq_jax.aot import report as report_lib
 from seq2seq_jax.aot import targets as targets_lib
 from seq2seq_jax.cli import main as cli_main
-from seq2seq_jax.configs import RNNConfig
+from seq2seq_jax.configs import RNNConfig, T5Config
 
 TINY = presets.get_preset("tiny_transformer")
 
@@ -56,6 +56,25 @@ def test_a_recurrent_model_compiles_and_its_time_loop_is_flagged():
   report = aot.compile_report(config, "v5e:2x2", "train")
   assert report.fits
   assert report.loops_counted_once  # the scan over time: its body is counted once
+
+
+def test_t5_and_encoder_and_decoder_apart_compile_for_a_tpu():
+  """The T5 model and a Transformer whose decoder differs from its encoder (depth, heads,
+  FFN width: the asymmetric OPUS-MT layouts) go through the same programs."""
+  t5 = dataclasses.replace(TINY, model=T5Config(
+      vocab_size=TINY.model.vocab_size, model_dim=32, num_heads=3, head_dim=8, mlp_dim=48,
+      num_encoder_layers=2, num_decoder_layers=1, activation="gelu_tanh", gated_ffn=True,
+      tie_output=False, pad_id=0, decoder_start_id=1, eos_id=2))
+  apart = dataclasses.replace(TINY, model=dataclasses.replace(
+      TINY.model, num_encoder_layers=2, num_decoder_layers=3, num_heads=4, decoder_num_heads=2,
+      decoder_mlp_dim=48))
+  for config, model in ((t5, "T5 2+1 d32 h3 k8 f48 gated-gelu_tanh V500 float32"),
+                        (apart, "Transformer 2+3 d32 h4/2 f64/48 V500 float32")):
+    report = aot.compile_report(config, "v5e-1", "generate")
+    assert report.model == model
+    assert report.fits and not report.message
+    assert report.flops_per_chip > 0 and report.decode_step["hbm_bound_seconds"] > 0
+    assert not report.decode_step["loops_counted_once"]
 
 
 def test_a_dense_layer_costs_its_analytic_flops():

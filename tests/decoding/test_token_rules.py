@@ -111,3 +111,19 @@ def test_log_softmax_against_float64(rows):
   want = want - want.max(-1, keepdims=True)
   want = want - np.log(np.exp(want).sum(-1, keepdims=True))
   np.testing.assert_allclose(jax.jit(log_softmax)(logits), want, rtol=1e-5, atol=2e-5)
+
+
+def test_a_suppressed_eos_stays_suppressed_when_decoding_starts_from_eos():
+  """M2M100 and mBART start decoding from EOS; suppressing EOS (every output runs to the
+  limit, as the benchmarks need) must still hold, and the start id stays allowed."""
+  from seq2seq_jax.decoding.step import never_emitted
+  assert never_emitted(bos_id=EOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
+                       rules=TokenRules(suppress_ids=(EOS_ID,))) == (PAD_ID, EOS_ID)
+  assert never_emitted(bos_id=EOS_ID, eos_id=EOS_ID, pad_id=PAD_ID) == (PAD_ID,)
+  assert never_emitted(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID) == (PAD_ID, BOS_ID)
+  toy = PrefixToy(seed=5, rows=3, max_len=T + 1, eos_from=0, vocab=7)
+  tokens, _ = run_jit(greedy_search, toy.step_fn, toy.init_cache(), batch_size=3,
+                      max_decode_len=T, bos_id=EOS_ID, eos_id=EOS_ID,
+                      rules=TokenRules(suppress_ids=(EOS_ID,)))
+  tokens = np.asarray(tokens)
+  assert not (tokens == EOS_ID).any() and not (tokens == PAD_ID).any()

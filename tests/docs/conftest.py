@@ -3,10 +3,11 @@
 An example runs in an empty folder whose parent holds ``shared`` (a link to the
 corpora beside this checkout), so ``../shared/data/...`` means what it means in a
 checkout. Examples that name a trained run (``runs/tiny``) or a published checkpoint
-(``opus-mt-de-en``, ``m2m100_418M``) find one there under that name: a run that
-``seq2seq_jax.train`` wrote for the ``tiny_transformer`` preset, and the small
-MarianMT and M2M100 checkpoints that ``seq2seq_jax.pretrained.fixtures`` builds for
-the pretrained tests (real checkpoints of those families, trained for minutes, not
+(``opus-mt-de-en``, ``m2m100_418M``, ``mbart-large-50-many-to-many-mmt``,
+``madlad400-3b-mt``) find one there under that name: a run that ``seq2seq_jax.train``
+wrote for the ``tiny_transformer`` preset, and the small MarianMT, M2M100, mBART-50 and
+MADLAD-layout checkpoints that ``seq2seq_jax.pretrained.fixtures`` builds for the
+pretrained tests (real checkpoints of those families, trained for minutes, not
 the published weights, which this machine cannot download). A file an example
 translates (``corpus.de``) holds the first lines of Multi30k's German test set.
 """
@@ -24,7 +25,9 @@ from tests.pretrained import conftest as pretrained_checkpoints
 
 # Names an example may use -> how to provide it.
 TINY_RUN = "runs/tiny"
-STAND_INS = {"opus-mt-de-en": "marian-de-en", "m2m100_418M": "m2m100-de-en"}
+STAND_INS = {"opus-mt-de-en": "marian-de-en", "m2m100_418M": "m2m100-de-en",
+             "mbart-large-50-many-to-many-mmt": "mbart50-de-en",
+             "madlad400-3b-mt": "madlad-de-en"}
 # file name -> (the corpus file under ../shared/data it copies, how many lines)
 INPUT_FILES = {"corpus.de": ("multi30k_tiny/test_2016_flickr.de", 40)}
 

@@ -1,8 +1,10 @@
 """Converted checkpoints against transformers itself: logits, greedy text, scores, beams, files.
 
-The checkpoints are small MarianMT / M2M100 models trained for a few hundred steps
-on Multi30k by ``seq2seq_jax.pretrained.fixtures`` (see conftest.py), saved with
-``save_pretrained``; the reference is the same directory loaded by transformers.
+The checkpoints are small models of every supported layout (MarianMT, also with
+encoder and decoder apart; M2M100; NLLB; mBART-50; T5, T5 v1.1, mT5, MADLAD-400)
+trained for a few hundred steps on Multi30k by ``seq2seq_jax.pretrained.fixtures``
+(see conftest.py), saved with ``save_pretrained``; the reference is the same
+directory loaded by transformers.
 """
 
 import dataclasses
@@ -23,8 +25,33 @@ from tests.pretrained.conftest import transformers_pair
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TARGET_LANG = {"marian": None, "m2m100": "en", "nllb": "eng_Latn"}
-SOURCE_LANG = {"marian": None, "m2m100": "de", "nllb": "deu_Latn"}
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How one checkpoint layout is asked to translate de -> en, here and in transformers."""
+
+  fixture: str
+  source_lang: str | None = None  # Translator's source_lang (and transformers' src_lang)
+  target_lang: str | None = None  # Translator's target_lang
+  hf_prefix: str = ""  # text transformers' tokenizer is given before each source
+  forced_code: str | None = None  # the token transformers forces first (forced_bos_token_id)
+  greedy_sentences: int | None = None  # test_2016 sentences decoded greedily (None: all 1,000)
+  natural: bool = True  # trained long enough for outputs of natural length
+
+
+LAYOUTS = {
+    "marian": Layout("marian_dir"),
+    "m2m100": Layout("m2m100_dir", "de", "en", forced_code="__en__"),
+    # The briefly trained NLLB checkpoint only checks files and shapes.
+    "nllb": Layout("nllb_dir", "deu_Latn", "eng_Latn", forced_code="eng_Latn", natural=False),
+    "marian_asymmetric": Layout("marian_asymmetric_dir", greedy_sentences=300),
+    "mbart50": Layout("mbart50_dir", "de_DE", "en_XX", forced_code="en_XX",
+                      greedy_sentences=300),
+    "t5": Layout("t5_dir", greedy_sentences=300),
+    "t5_v1_1": Layout("t5_v1_1_dir", greedy_sentences=300),
+    "mt5": Layout("mt5_dir", greedy_sentences=300),
+    "madlad": Layout("madlad_dir", target_lang="en", hf_prefix="<2en> ", greedy_sentences=300),
+}
 
 
 def _test_sentences(count=None):
@@ -34,19 +61,21 @@ def _test_sentences(count=None):
   return sources[:count], references[:count]
 
 
-@pytest.fixture(scope="module", params=["marian", "m2m100", "nllb"])
+@pytest.fixture(scope="module", params=list(LAYOUTS))
 def family(request):
-  """(name, directory, transformers model, transformers tokenizer) of one checkpoint family;
-  NLLB-200 is the M2M100 architecture with its own tokenizer and language codes."""
-  directory = request.getfixturevalue(f"{request.param}_dir")
-  hf_model, hf_tokenizer = transformers_pair(directory, request.param,
-                                             SOURCE_LANG[request.param], TARGET_LANG[request.param])
-  return request.param, directory, hf_model, hf_tokenizer
+  """(name, layout, directory, transformers model, transformers tokenizer) of one layout."""
+  layout = LAYOUTS[request.param]
+  directory = request.getfixturevalue(layout.fixture)
+  hf_model, hf_tokenizer = transformers_pair(directory, request.param, layout.source_lang,
+                                             layout.target_lang)
+  return request.param, layout, directory, hf_model, hf_tokenizer
 
 
-def _hf_batch(hf_tokenizer, sources, references):
-  batch = hf_tokenizer(sources, text_target=references, padding=True, return_tensors="pt")
-  return batch
+def _hf_batch(hf_tokenizer, layout, sources, references=None):
+  sources = [layout.hf_prefix + text for text in sources]
+  if references is None:
+    return hf_tokenizer(sources, padding=True, return_tensors="pt")
+  return hf_tokenizer(sources, text_target=references, padding=True, return_tensors="pt")
 
 
 def _hf_decoder_inputs(hf_model, labels):
@@ -57,10 +86,10 @@ def _hf_decoder_inputs(hf_model, labels):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_logits_equal_transformers_on_padded_batches(family, dtype):
-  name, directory, hf_model, hf_tokenizer = family
+  name, layout, directory, hf_model, hf_tokenizer = family
   checkpoint = pretrained.load(directory, dtype=dtype)
   sources, references = _test_sentences(24)
-  batch = _hf_batch(hf_tokenizer, sources, references)
+  batch = _hf_batch(hf_tokenizer, layout, sources, references)
   labels = batch["labels"]
   with torch.no_grad():
     expected = hf_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -82,33 +111,34 @@ def test_logits_equal_transformers_on_padded_batches(family, dtype):
 
 
 def test_greedy_translations_equal_transformers_generate(family):
-  name, directory, hf_model, hf_tokenizer = family
-  sources, _ = _test_sentences()
+  name, layout, directory, hf_model, hf_tokenizer = family
+  sources, _ = _test_sentences(layout.greedy_sentences)
   max_length = 64
   translator = Translator.from_pretrained(directory, batch_size=64)
   ours = translator.translate(sources, method="greedy", max_decode_len=max_length - 1,
-                              source_lang=SOURCE_LANG[name], target_lang=TARGET_LANG[name])
+                              source_lang=layout.source_lang, target_lang=layout.target_lang)
   kwargs = {}
-  prefix = translator.tokenizer.target_prefix(TARGET_LANG[name])
-  if prefix:
-    kwargs["forced_bos_token_id"] = hf_tokenizer.convert_tokens_to_ids(TARGET_LANG[name]
-                                                                       if name == "nllb" else
-                                                                       f"__{TARGET_LANG[name]}__")
-    assert kwargs["forced_bos_token_id"] == prefix[0]
+  prefix = translator.tokenizer.target_prefix(layout.target_lang)
+  if layout.forced_code:
+    kwargs["forced_bos_token_id"] = hf_tokenizer.convert_tokens_to_ids(layout.forced_code)
+    assert [kwargs["forced_bos_token_id"]] == prefix
+  else:
+    assert not prefix
   expected = []
   for start in range(0, len(sources), 100):
-    batch = hf_tokenizer(sources[start:start + 100], padding=True, return_tensors="pt")
+    batch = _hf_batch(hf_tokenizer, layout, sources[start:start + 100])
     with torch.no_grad():
       out = hf_model.generate(**batch, num_beams=1, do_sample=False, max_length=max_length,
                               **kwargs)
     expected += hf_tokenizer.batch_decode(out, skip_special_tokens=True)
   mismatches = [(i, a, b) for i, (a, b) in enumerate(zip(ours, expected)) if a != b]
   assert not mismatches, mismatches[:5]
-  if name != "nllb":  # the briefly trained NLLB checkpoint only checks files and shapes
+  if layout.natural:
     # Real sentences that follow their sources, not runs to the length limit.
     lengths = [len(t.split()) for t in ours]
     assert 5 < np.mean(lengths) < 30, np.mean(lengths)
     assert len(set(ours)) > 0.1 * len(ours), len(set(ours))
+    assert np.mean([len(t.split()) >= max_length // 2 for t in ours]) < 0.1
 
 
 def _hf_sequence_logprobs(hf_model, input_ids, attention_mask, labels, skip):
@@ -124,28 +154,29 @@ def _hf_sequence_logprobs(hf_model, input_ids, attention_mask, labels, skip):
 
 
 def test_score_equals_transformers_logprobs(family):
-  name, directory, hf_model, hf_tokenizer = family
+  name, layout, directory, hf_model, hf_tokenizer = family
   sources, references = _test_sentences(64)
   translator = Translator.from_pretrained(directory)
-  ours = translator.score(sources, references, source_lang=SOURCE_LANG[name],
-                          target_lang=TARGET_LANG[name])
-  batch = _hf_batch(hf_tokenizer, sources, references)
+  ours = translator.score(sources, references, source_lang=layout.source_lang,
+                          target_lang=layout.target_lang)
+  batch = _hf_batch(hf_tokenizer, layout, sources, references)
+  skip = len(translator.tokenizer.target_prefix(layout.target_lang))
   expected = _hf_sequence_logprobs(hf_model, batch["input_ids"], batch["attention_mask"],
-                                   batch["labels"], skip=0 if name == "marian" else 1)
+                                   batch["labels"], skip=skip)
   np.testing.assert_allclose(ours, expected, atol=1e-3, rtol=0)
   assert np.all(np.asarray(ours) < 0)
 
 
 def test_beam4_is_at_least_as_probable_as_transformers_beam(family):
-  name, directory, hf_model, hf_tokenizer = family
+  name, layout, directory, hf_model, hf_tokenizer = family
   sources, _ = _test_sentences(200)
   checkpoint = pretrained.load(directory)
-  pad, max_length = checkpoint.config.pad_id, 48
+  max_length = 48
   forced = {}
-  prefix = checkpoint.tokenizer.target_prefix(TARGET_LANG[name])
+  prefix = checkpoint.tokenizer.target_prefix(layout.target_lang)
   if prefix:
     forced["forced_bos_token_id"] = prefix[0]
-  batch = hf_tokenizer(sources, padding=True, return_tensors="pt")
+  batch = _hf_batch(hf_tokenizer, layout, sources)
   with torch.no_grad():
     theirs = hf_model.generate(**batch, num_beams=4, length_penalty=0.0, early_stopping=True,
                                max_length=max_length, **forced)[:, 1:]
@@ -166,13 +197,13 @@ def test_beam4_is_at_least_as_probable_as_transformers_beam(family):
 
 
 def test_save_round_trip_loads_in_transformers_with_the_same_logits(family, tmp_path):
-  name, directory, hf_model, hf_tokenizer = family
+  name, layout, directory, hf_model, hf_tokenizer = family
   checkpoint = pretrained.load(directory)
   out = tmp_path / "saved"
   pretrained.save(checkpoint, out)
   reloaded = type(hf_model).from_pretrained(out).eval()
   sources, references = _test_sentences(8)
-  batch = _hf_batch(hf_tokenizer, sources, references)
+  batch = _hf_batch(hf_tokenizer, layout, sources, references)
   decoder_inputs = _hf_decoder_inputs(hf_model, batch["labels"])
   with torch.no_grad():
     before = hf_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -182,12 +213,15 @@ def test_save_round_trip_loads_in_transformers_with_the_same_logits(family, tmp_
   np.testing.assert_array_equal(before, after)
   again = pretrained.load(out)
   reloaded_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  if layout.source_lang is not None:
+    reloaded_tokenizer.src_lang = layout.source_lang
   assert reloaded_tokenizer(sources)["input_ids"] == hf_tokenizer(sources)["input_ids"]
   assert again.decode_config == checkpoint.decode_config
+  assert again.config == checkpoint.config
 
 
 def test_pytorch_model_bin_loads_without_torch_in_the_loader(family, tmp_path):
-  name, directory, hf_model, _ = family
+  name, _, directory, hf_model, _ = family
   copy = tmp_path / "bin"
   shutil.copytree(directory, copy)
   (copy / "model.safetensors").unlink()

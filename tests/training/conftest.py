@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from seq2seq_jax.configs import (DataConfig, DecodeConfig, ExperimentConfig, RNNConfig,
-                                 TrainConfig, TransformerConfig)
+                                 T5Config, TrainConfig, TransformerConfig)
 
 VOCAB = 256  # small: multi30k_tiny fills it easily, and the output layer stays cheap
 
@@ -31,6 +31,23 @@ def tiny_transformer(**overrides) -> TransformerConfig:
   values = dict(vocab_size=VOCAB, model_dim=32, num_heads=2, mlp_dim=64, num_encoder_layers=1,
                 num_decoder_layers=1, max_len=32, dropout_rate=0.0)
   return TransformerConfig(**{**values, **overrides})
+
+
+def tiny_deep_shallow(**overrides) -> TransformerConfig:
+  """A deep encoder and a shallow decoder, each with its own heads and FFN width."""
+  return tiny_transformer(**{**dict(num_encoder_layers=3, num_decoder_layers=1, num_heads=4,
+                                    decoder_num_heads=2, mlp_dim=48, decoder_mlp_dim=80),
+                             **overrides})
+
+
+def tiny_t5(**overrides) -> T5Config:
+  """T5 (v1.1's gated GELU, a separate output layer) with the run vocabulary's ids."""
+  values = dict(vocab_size=VOCAB, model_dim=32, num_heads=2, head_dim=12, mlp_dim=64,
+                num_encoder_layers=2, num_decoder_layers=1, relative_buckets=8,
+                relative_max_distance=16, activation="gelu_tanh", gated_ffn=True,
+                tie_output=False, scale_output=False, max_len=32, dropout_rate=0.0,
+                pad_id=0, decoder_start_id=1, eos_id=2)
+  return T5Config(**{**values, **overrides})
 
 
 def tiny_rnn(**overrides) -> RNNConfig:

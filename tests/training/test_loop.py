@@ -20,14 +20,21 @@ from seq2seq_jax.training.optimizer import make_optimizer
 from seq2seq_jax.training.schedules import make_schedule
 from seq2seq_jax.training.step import (build_model, create_train_state, make_mesh,
                                        make_train_step, shard_batch)
-from training.conftest import replace_train, tiny_experiment, tiny_rnn, tiny_transformer
+from seq2seq_jax.configs import ExperimentConfig
+from seq2seq_jax.inference import Translator
+from training.conftest import (replace_train, tiny_deep_shallow, tiny_experiment, tiny_rnn,
+                               tiny_t5, tiny_transformer)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("model", ["transformer", "rnn"])
+MODELS = {"transformer": tiny_transformer, "rnn": tiny_rnn, "deep_shallow": tiny_deep_shallow,
+          "t5": tiny_t5}
+
+
+@pytest.mark.parametrize("model", list(MODELS))
 def test_loss_falls_on_multi30k_tiny(model, tiny_data, tiny_tokenizer):
-  model_config = tiny_transformer() if model == "transformer" else tiny_rnn()
+  model_config = MODELS[model]()
   config = tiny_experiment(tiny_data, model=model_config, learning_rate=1e-2, warmup_steps=5)
   mesh = make_mesh()
   network = build_model(config.model)
@@ -72,6 +79,29 @@ def reference_run(tiny_data, tiny_tokenizer, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("reference")
   result = train(config, workdir, tokenizer=tiny_tokenizer, progress=False)
   return config, workdir, result
+
+
+@pytest.mark.parametrize("model", ["deep_shallow", "t5"])
+def test_other_shapes_train_checkpoint_and_translate(model, tiny_data, tiny_tokenizer, tmp_path):
+  # A deep-encoder / shallow-decoder Transformer and a T5, through the whole loop: the
+  # config saved with the run reads back, the checkpoint loads and beam search decodes.
+  config = tiny_experiment(tiny_data, model=MODELS[model](), num_steps=8)
+  result = train(config, tmp_path, tokenizer=tiny_tokenizer, progress=False)
+  assert result.step == 8
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert saved["model"]["kind"] == ("t5" if model == "t5" else "transformer")
+  assert ExperimentConfig.from_dict(saved) == config
+  translator = Translator.from_workdir(tmp_path)
+  assert type(translator.model.config) is type(config.model)
+  out = translator.translate(["Ein Hund läuft.", "", "Zwei Männer."], beam_size=2)
+  assert len(out) == 3 and out[1] == "" and all(isinstance(text, str) for text in out)
+
+
+def test_a_model_with_foreign_special_ids_is_refused(tiny_data, tiny_tokenizer, tmp_path):
+  config = tiny_experiment(tiny_data, model=tiny_t5(decoder_start_id=0, eos_id=1))
+  with pytest.raises(ValueError, match=r"model.pad_id=0, model.eos_id=1: the run's own "
+                                       r"sentencepiece vocabulary has PAD 0 and EOS 2"):
+    train(config, tmp_path, tokenizer=tiny_tokenizer, progress=False)
 
 
 def test_run_files_and_metrics(reference_run):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq_jax.configs import RNNConfig, TrainConfig, TransformerConfig
+from seq2seq_jax.configs import RNNConfig, T5Config, TrainConfig, TransformerConfig
 from seq2seq_jax.training import optimizer as optimizer_lib
 from seq2seq_jax.training import schedules, sharding
 from seq2seq_jax.training import step as step_lib
@@ -41,6 +41,22 @@ def _transformer(**overrides) -> TransformerConfig:
   values = dict(vocab_size=96, model_dim=64, num_heads=4, mlp_dim=128, num_encoder_layers=1,
                 num_decoder_layers=1, max_len=16, dropout_rate=0.0)
   return TransformerConfig(**{**values, **overrides})
+
+
+def _t5(**overrides) -> T5Config:
+  values = dict(vocab_size=96, model_dim=64, num_heads=4, head_dim=24, mlp_dim=128,
+                num_encoder_layers=1, num_decoder_layers=1, relative_buckets=8,
+                relative_max_distance=16, activation="gelu_tanh", gated_ffn=True,
+                tie_output=False, scale_output=False, max_len=16, dropout_rate=0.0,
+                pad_id=0, decoder_start_id=1, eos_id=2)
+  return T5Config(**{**values, **overrides})
+
+
+# Every encoder-decoder whose parameters the table names (the RNN goes through the fallback).
+MODELS = {"transformer": lambda: _transformer(tie_output=False, positions="learned"),
+          "deep_shallow": lambda: _transformer(num_encoder_layers=2, num_decoder_layers=1,
+                                               decoder_num_heads=2, decoder_mlp_dim=64),
+          "t5": _t5}
 
 
 def _state(model_config, mesh, parameter_sharding="replicated"):
@@ -60,14 +76,28 @@ def _leaves(tree) -> dict[str, jax.Array]:
 
 
 # ---- the axis table and the rules ------------------------------------------------------------
-def test_every_transformer_parameter_is_in_the_table():
-  model = step_lib.build_model(_transformer(tie_output=False, positions="learned"))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_transformer_parameter_is_in_the_table(name):
+  model = step_lib.build_model(MODELS[name]())
   shapes = jax.eval_shape(lambda: step_lib.init_params(model, jax.random.key(0)))
   for name, leaf in _leaves(shapes).items():
     axes = sharding.logical_axes(name.split("/"), leaf.shape)
     assert sharding.FSDP not in axes, f"{name} {leaf.shape} fell through to the fallback"
     if name.endswith(("kernel", "embedding")):  # every matrix has an axis FSDP splits
       assert sharding.EMBED in axes, (name, axes)
+
+
+def test_t5_splits_its_heads_and_gated_layers_like_the_transformer():
+  mesh = sharding.make_mesh(model_parallelism=2)
+  _, _, _, state = _state(_t5(), mesh)
+  specs = {name: leaf.sharding.spec for name, leaf in _leaves(state.params).items()}
+  assert specs["encoder_layers_0/self_attention/query/kernel"] == jax.P(None, "model", None)
+  assert specs["decoder_layers_0/cross_attention/out/kernel"] == jax.P("model", None, None)
+  for gate in ("wi_0", "wi_1"):
+    assert specs[f"decoder_layers_0/feed_forward/{gate}/kernel"] == jax.P(None, "model")
+  assert specs["decoder_layers_0/feed_forward/wo/kernel"] == jax.P("model", None)
+  assert specs["encoder_position_bias/relative_attention_bias"] == jax.P(None, "model")
+  assert specs["encoder_norm/scale"] == jax.P(None)
 
 
 def test_tensor_parallelism_splits_like_megatron():
@@ -123,7 +153,8 @@ def test_fsdp_reaches_rnn_matrices_through_the_fallback():
   assert sharded == matrices  # every dimension here is a multiple of 8
 
 
-def test_sharded_steps_equal_the_single_device_step():
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_sharded_steps_equal_the_single_device_step(model_name):
   # Losses and gradient norms, not parameters: Adam turns float noise in near-zero
   # gradients into whole learning-rate steps, in one run as in another.
   batch = {"inputs": np.asarray(jax.random.randint(jax.random.key(1), (16, 7), 3, 96)),
@@ -133,7 +164,7 @@ def test_sharded_steps_equal_the_single_device_step():
       "1": (1, 1, "replicated"), "8 fsdp": (8, 1, "fsdp"),
       "4x2 tp+fsdp": (8, 2, "fsdp")}.items():
     mesh = sharding.make_mesh(model_parallelism, jax.devices()[:devices])
-    model, optimizer, schedule, state = _state(_transformer(), mesh, parameter_sharding)
+    model, optimizer, schedule, state = _state(MODELS[model_name](), mesh, parameter_sharding)
     train_step = step_lib.make_train_step(model, optimizer, schedule, mesh=mesh, state=state)
     for _ in range(2):
       state, metrics = train_step(state, step_lib.shard_batch(batch, mesh), jax.random.key(3))
@@ -176,6 +207,12 @@ def test_configs_that_cannot_be_split_raise_naming_the_field():
   with pytest.raises(ValueError, match="parameter_sharding='zero3'"):
     sharding.state_sharding_fn("zero3")
   sharding.check_model_parallelism(_transformer(), 4)
+  with pytest.raises(ValueError, match=r"TransformerConfig.decoder_mlp_dim=100 .*"
+                                       r"model_parallelism=8"):
+    sharding.check_model_parallelism(_transformer(num_heads=8, decoder_mlp_dim=100), 8)
+  with pytest.raises(ValueError, match=r"T5Config.num_heads=4 .*model_parallelism=8"):
+    sharding.check_model_parallelism(_t5(), 8)
+  sharding.check_model_parallelism(_t5(), 2)
 
 
 def test_cluster_detection_from_the_environment():

@@ -1,0 +1,289 @@
+"""A T5-small-sized and an mBART-50-sized checkpoint in three runtimes, alternated in one run;
+what a load costs (peak memory, the NaN check).
+
+``seq2seq_jax.pretrained.fixtures.build_random_t5`` and ``build_random_mbart50`` write
+``save_pretrained`` directories of t5-small's shape (6 + 6 layers, d 512, 8 heads of
+64, FFN 2048, ReLU, tied output with T5's rescale, 32,128 ids) and mbart-large-50's
+(12 + 12 layers, d 1024, 16 heads, FFN 4096, GELU, 250,054 ids), random weights.
+Each is loaded by ``seq2seq_jax.pretrained.load`` (JAX), by transformers
+(``generate``, PyTorch float32) and converted by CTranslate2's own
+``TransformersConverter`` (float32). Random weights give no natural end, so every
+system generates exactly ``output_len`` tokens (EOS suppressed); the greedy outputs
+of the three are compared token by token first, then generated tokens/s are timed
+for greedy and beam 4 at batch 32, systems alternated round by round, each with all
+the machine's threads.
+
+Loading, measured in fresh processes: the peak resident memory of
+``pretrained.load`` (one ``model.safetensors``, and the same tensors as safetensors
+shards with an index) and of transformers' ``from_pretrained``, against the bytes
+of the parameters; and the load time with and without the check for NaN and
+infinity (``check_finite``), alternated.
+
+  python benchmarks/pretrained_families.py [--out FILE.json] [--plot FILE.png] [--rounds N]
+  SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_families.py   # tiny sizes, for CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+# Run in a fresh process: the peak resident memory of one load, and the time it took.
+_LOAD_PROBE = """
+import json, resource, sys, time
+import jax, numpy as np
+from seq2seq_jax import pretrained
+what, path, check = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+kib = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if what == "hf":
+  import torch, transformers
+  torch.ones(1)
+  before = kib(); started = time.perf_counter()
+  model = transformers.AutoModelForSeq2SeqLM.from_pretrained(path)
+  seconds = time.perf_counter() - started
+  params = sum(p.numel() * p.element_size() for p in model.parameters())
+else:
+  jax.numpy.zeros(1).block_until_ready()
+  before = kib(); started = time.perf_counter()
+  checkpoint = pretrained.load(path, with_tokenizer=False, check_finite=check)
+  jax.block_until_ready(checkpoint.params)
+  seconds = time.perf_counter() - started
+  params = sum(np.asarray(x).nbytes for x in jax.tree.leaves(checkpoint.params))
+print(json.dumps({"before_bytes": before * 1024, "peak_bytes": kib() * 1024,
+                  "param_bytes": params, "seconds": seconds}))
+"""
+
+
+def settings(quick: bool) -> dict:
+  if quick:
+    return dict(models={
+        "T5-small-sized": dict(vocab_size=1152, model_dim=32, layers=1, heads=2, head_dim=8,
+                               ffn=64, spm_pieces=1000, spm_vocab_size=500),
+        "mBART-sized": dict(model_dim=32, layers=1, heads=2, ffn=64, spm_pieces=1000,
+                            spm_vocab_size=500, max_positions=64)},
+        sentences=32, source_len=(6, 12), output_len=8, rounds=2, load_rounds=1,
+        shard_bytes=20_000)
+  return dict(models={"T5-small-sized": {}, "mBART-sized": {}}, sentences=64,
+              source_len=(10, 30), output_len=32, rounds=3, load_rounds=3,
+              shard_bytes=500 * 2 ** 20)
+
+
+def _probe(what: str, path: pathlib.Path, check: bool = True) -> dict:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
+      "--xla_force_host_platform_device_count=8", "").strip()
+  result = subprocess.run([sys.executable, "-c", _LOAD_PROBE, what, str(path),
+                           "1" if check else "0"], env=env, capture_output=True, text=True,
+                          check=False)
+  if result.returncode:
+    raise RuntimeError(f"load probe {what} {path} failed:\n{result.stderr[-3000:]}")
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _shard(directory: pathlib.Path, out: pathlib.Path, shard_bytes: int) -> int:
+  """The checkpoint again, its tensors in safetensors shards of about ``shard_bytes``."""
+  from safetensors.numpy import load_file, save_file  # noqa: PLC0415
+  import shutil  # noqa: PLC0415
+
+  shutil.copytree(directory, out, ignore=shutil.ignore_patterns("model.safetensors"))
+  tensors = load_file(str(directory / "model.safetensors"))
+  shards, current, size = [], {}, 0
+  for name in sorted(tensors):
+    current[name] = tensors[name]
+    size += tensors[name].nbytes
+    if size >= shard_bytes:
+      shards.append(current)
+      current, size = {}, 0
+  if current:
+    shards.append(current)
+  weight_map = {}
+  for i, shard in enumerate(shards, start=1):
+    name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, str(out / name), metadata={"format": "pt"})
+    weight_map.update({tensor: name for tensor in shard})
+  del tensors, shards, current
+  (out / "model.safetensors.index.json").write_text(json.dumps(
+      {"metadata": {}, "weight_map": weight_map}))
+  return len(set(weight_map.values()))
+
+
+def _load_rows(name: str, directory: pathlib.Path, tmp: pathlib.Path, s: dict) -> list[dict]:
+  import numpy as np  # noqa: PLC0415
+
+  sharded = tmp / f"{directory.name}-sharded"
+  shards = _shard(directory, sharded, s["shard_bytes"])
+  rows = []
+  for label, what, path in (("seq2seq_jax, model.safetensors", "ours", directory),
+                            (f"seq2seq_jax, {shards} safetensors shards", "ours", sharded),
+                            ("transformers from_pretrained", "hf", directory)):
+    probe = _probe(what, path)
+    rows.append({"model": name, "load": label, "param MB": probe["param_bytes"] / 2 ** 20,
+                 "peak - start MB": (probe["peak_bytes"] - probe["before_bytes"]) / 2 ** 20,
+                 "x params": (probe["peak_bytes"] - probe["before_bytes"])
+                 / probe["param_bytes"], "seconds": probe["seconds"]})
+  return rows
+
+
+def _finite_check_cost(name: str, directory: pathlib.Path, s: dict) -> dict:
+  """Load times with and without ``check_finite``, alternated, in fresh processes."""
+  import numpy as np  # noqa: PLC0415
+
+  times: dict[bool, list[float]] = {True: [], False: []}
+  for _ in range(s["load_rounds"]):
+    for check in (True, False):
+      times[check].append(_probe("ours", directory, check)["seconds"])
+  with_check, without = float(np.median(times[True])), float(np.median(times[False]))
+  return {"model": name, "load s (check)": with_check, "load s (no check)": without,
+          "check s": with_check - without, "check %": 100 * (with_check / without - 1),
+          "times with": times[True], "times without": times[False]}
+
+
+def main() -> None:
+  from seq2seq_jax import benchmarking  # noqa: PLC0415
+
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", type=pathlib.Path,
+                      default=HERE / "results" / "pretrained_families.json")
+  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
+  parser.add_argument("--rounds", type=int, default=None,
+                      help="alternated rounds per task (default 3; 2 in quick mode)")
+  parser.add_argument("--keep", type=pathlib.Path, default=None,
+                      help="build the checkpoints here and keep them (default: a temp dir)")
+  args = benchmarking.parse_args(parser)
+  s = settings(benchmarking.quick_mode())
+  if args.rounds is not None:
+    if args.rounds < 1:
+      parser.error(f"--rounds must be at least 1; got {args.rounds}")
+    s["rounds"] = args.rounds
+  peers = benchmarking.import_peers(args.out, "pretrained_families")
+  if peers is None:
+    return
+  ctranslate2, torch, transformers = peers
+  import numpy as np  # noqa: PLC0415
+
+  from seq2seq_jax import pretrained  # noqa: PLC0415
+  from seq2seq_jax.configs import DecodeConfig  # noqa: PLC0415
+  from seq2seq_jax.decoding import generate  # noqa: PLC0415
+  from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
+
+  threads = os.cpu_count() or 1
+  out_len, count = s["output_len"], s["sentences"]
+  rows, agreement, loads, checks = [], {}, [], []
+  builders = {"T5-small-sized": fixtures.build_random_t5,
+              "mBART-sized": fixtures.build_random_mbart50}
+  with tempfile.TemporaryDirectory() as tmp_name:
+    tmp = pathlib.Path(tmp_name)
+    root = args.keep or tmp
+    for name, overrides in s["models"].items():
+      directory = root / name
+      if not (directory / "build_info.json").is_file():
+        builders[name](directory, **overrides)
+      loads += _load_rows(name, directory, tmp, s)
+      checks.append(_finite_check_cost(name, directory, s))
+      checkpoint = pretrained.load(directory)
+      config = checkpoint.config
+      hf_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+      hf_model.generation_config.forced_eos_token_id = None  # all run to out_len
+      ct2_dir = tmp / f"{name}-ct2"
+      ctranslate2.converters.TransformersConverter(str(directory)).convert(str(ct2_dir),
+                                                                          force=True)
+      ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu", inter_threads=1,
+                                   intra_threads=threads)
+      hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+      token_of = {i: t for t, i in hf_tokenizer.get_vocab().items()}
+      rng = np.random.default_rng(0)
+      # Source ids: random ordinary pieces (no special token), real lengths, EOS last.
+      specials = set(hf_tokenizer.all_special_ids)
+      ordinary = np.array([i for i in range(len(hf_tokenizer)) if i not in specials])
+      lengths = rng.integers(*s["source_len"], size=count)
+      sources = [list(rng.choice(ordinary, size=n - 1)) + [config.eos_id] for n in lengths]
+      width = max(lengths)
+      groups = [sources[i:i + 32] for i in range(0, count, 32)]
+      padded = [np.array([row + [config.pad_id] * (width - len(row)) for row in group],
+                         np.int32) for group in groups]
+      torch_batches = [torch.from_numpy(b.astype(np.int64)) for b in padded]
+      token_batches = [[[token_of[int(i)] for i in row] for row in group] for group in groups]
+      start_id = config.decoder_start_id
+      never = sorted({config.pad_id, start_id} - {config.eos_id})
+      never_tokens = [[token_of[i]] for i in never]
+      for beams in (1, 4):
+        decode = DecodeConfig(method="greedy" if beams == 1 else "beam", beam_size=beams,
+                              alpha=0.0, max_decode_len=out_len, suppress_ids=(config.eos_id,))
+
+        def run_ours(decode=decode):
+          return [generate(checkpoint.model, checkpoint.params, b, decode)[0] for b in padded]
+
+        # This library never generates the pad id (nor a decoder start that is not EOS);
+        # the others are told so, as OPUS-MT's bad_words_ids tell transformers.
+        def run_hf(beams=beams):
+          with torch.inference_mode():
+            return [hf_model.generate(b, attention_mask=b != config.pad_id, num_beams=beams,
+                                      do_sample=False, min_length=out_len + 1,
+                                      max_length=out_len + 1, length_penalty=0.0,
+                                      suppress_tokens=never)
+                    for b in torch_batches]
+
+        def run_ct2(beams=beams):
+          return [ct2.translate_batch(b, beam_size=beams, max_decoding_length=out_len,
+                                      min_decoding_length=out_len, length_penalty=0.0,
+                                      max_batch_size=32, suppress_sequences=never_tokens)
+                  for b in token_batches]
+
+        systems = {"seq2seq_jax": run_ours, "HF generate": run_hf, "CTranslate2": run_ct2}
+        if beams == 1:  # the same weights give the same greedy tokens in every runtime
+          with torch.inference_mode():
+            logits = hf_model(input_ids=torch_batches[0],
+                              attention_mask=torch_batches[0] != config.pad_id,
+                              decoder_input_ids=torch.full((len(groups[0]), 1), start_id)).logits
+          if not torch.isfinite(logits).all():
+            raise RuntimeError("the random checkpoint gives non-finite logits: agreement "
+                               "between the runtimes would be vacuous")
+          ours = np.concatenate([np.asarray(t) for t in run_ours()])
+          hf = np.concatenate([t.numpy()[:, 1:] for t in run_hf()])
+          vocab = hf_tokenizer.get_vocab()
+          ct = np.array([[vocab[t] for t in r.hypotheses[0]] for g in run_ct2() for r in g])
+          agreement[name] = {
+              "rows": len(ours), "HF identical rows": float((ours == hf).all(1).mean()),
+              "CTranslate2 identical rows": float((ours == ct).all(1).mean()),
+              "HF identical tokens": float((ours == hf).mean()),
+              "CTranslate2 identical tokens": float((ours == ct).mean())}
+        timings = benchmarking.time_interleaved(systems, rounds=s["rounds"])
+        ours_rate = count * out_len / timings["seq2seq_jax"].median_s
+        for system, timing in timings.items():
+          rate = count * out_len / timing.median_s
+          spread = [count * out_len / t for t in timing.times_s]
+          rows.append({"task": f"{name} {'greedy' if beams == 1 else 'beam4'} batch 32",
+                       "system": system, "tokens/s": rate, "tokens/s min": min(spread),
+                       "tokens/s max": max(spread), "ours/system": ours_rate / rate,
+                       "timing": timing.to_dict()})
+      del checkpoint, hf_model, ct2
+  print(f"{out_len} tokens per output, {count} sentences, {threads} threads; torch "
+        f"{torch.__version__}, transformers {transformers.__version__}, ctranslate2 "
+        f"{ctranslate2.__version__}")
+  print("greedy agreement:", json.dumps(agreement))
+  print(benchmarking.format_table(rows, ["task", "system", "tokens/s", "tokens/s min",
+                                         "tokens/s max", "ours/system"]))
+  print(benchmarking.format_table(loads, ["model", "load", "param MB", "peak - start MB",
+                                          "x params", "seconds"]))
+  print(benchmarking.format_table(checks, ["model", "load s (check)", "load s (no check)",
+                                           "check s", "check %"]))
+  path = benchmarking.write_json(args.out, {
+      "benchmark": "pretrained_families", "settings": s,
+      "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                   "ctranslate2": ctranslate2.__version__},
+      "agreement": agreement, "rows": rows, "loads": loads, "finite_check": checks})
+  print(f"wrote {path}")
+  if args.plot:
+    benchmarking.plot_rates_by_task(rows, args.plot)
+    print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,277 @@
+"""T5 (Raffel et al. 2020, "Exploring the limits of transfer learning"), the architecture of mT5
+and of the MADLAD-400 translation models, on the library's model contract.
+
+Encoder: token vectors (not scaled, no position table), dropout, then N pre-norm
+layers ``x + dropout(attention(RMSNorm(x)))`` and ``x + dropout(FFN(RMSNorm(x)))``,
+then a final RMSNorm and dropout. Self attention is unscaled and adds a relative
+position bias (``layers.relative_position``): one table per stack, computed once
+and shared by all its layers, bidirectional in the encoder, causal in the decoder.
+The decoder adds cross attention (no position bias) between the two. No layer has
+a bias. The output is ``lm_head(y)``, or with a tied table ``E (y * D ** -0.5)``
+(``scale_output``, original T5). Decoding starts from the pad id.
+
+Example:
+  >>> config = T5Config(vocab_size=100, model_dim=32, num_heads=4, head_dim=6, mlp_dim=64,
+  ...                   num_encoder_layers=2, num_decoder_layers=1)
+  >>> model = T5(config)
+  >>> inputs, targets = jnp.ones((2, 7), jnp.int32), jnp.ones((2, 5), jnp.int32)
+  >>> params = model.init(jax.random.key(0), inputs, targets)["params"]
+  >>> model.apply({"params": params}, inputs, targets).shape
+  (2, 5, 100)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from seq2seq_jax.configs import T5Config, compute_dtype
+from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
+                                          make_padding_mask)
+from seq2seq_jax.layers.dropout import Dropout
+from seq2seq_jax.layers.embeddings import TokenEmbedding, VocabProjection
+from seq2seq_jax.layers.feedforward import FeedForward
+from seq2seq_jax.layers.normalization import RMSNorm
+from seq2seq_jax.layers.partitioning import (BATCH, EMBED, HEADS, KV, LENGTH, VOCAB,
+                                             constrain)
+from seq2seq_jax.layers.relative_position import RelativePositionBias
+from seq2seq_jax.models.base import check_decode_len, shift_right
+from seq2seq_jax.types import Array, PyTree
+
+
+def _attention(config: T5Config, name: str) -> MultiHeadAttention:
+  return MultiHeadAttention(
+      num_heads=config.num_heads, head_dim=config.head_dim, out_dim=config.model_dim,
+      dropout_rate=config.dropout_rate, dtype=compute_dtype(config.dtype), use_bias=False,
+      scale_queries=False, name=name)
+
+
+def _norm(config: T5Config, name: str | None = None) -> RMSNorm:
+  return RMSNorm(epsilon=config.layer_norm_epsilon, dtype=compute_dtype(config.dtype), name=name)
+
+
+def _feed_forward(config: T5Config) -> FeedForward:
+  return FeedForward(config.mlp_dim, config.model_dim, config.dropout_rate,
+                     activation=config.activation, dtype=compute_dtype(config.dtype),
+                     gated=config.gated_ffn, use_bias=False)
+
+
+def _rows(x_BTD: Array) -> Array:
+  """The residual stream: rows on the mesh's ``data`` axis (inside ``activation_sharding``)."""
+  return constrain(x_BTD, BATCH, LENGTH, EMBED)
+
+
+class T5EncoderLayer(nn.Module):
+  """``x + attention(norm(x))`` with the stack's position bias, then ``x + FFN(norm(x))``."""
+
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    self.self_attention = _attention(c, "self_attention")
+    self.self_norm = _norm(c)
+    self.feed_forward = _feed_forward(c)
+    self.feed_forward_norm = _norm(c)
+    self.dropout = Dropout(c.dropout_rate)
+
+  def __call__(self, x_BSD: Array, mask_B11S: Array, bias_1HSS: Array, *, deterministic: bool):
+    """Returns ``(x_BSD, weights_BHSS)``."""
+    h_BSD = self.self_norm(x_BSD)
+    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B11S, bias=bias_1HSS,
+                                              deterministic=deterministic, return_weights=True)
+    x_BSD = x_BSD + self.dropout(h_BSD, deterministic=deterministic)
+    h_BSD = self.feed_forward(self.feed_forward_norm(x_BSD), deterministic=deterministic)
+    return x_BSD + self.dropout(h_BSD, deterministic=deterministic), weights_BHSS
+
+
+class T5DecoderLayer(nn.Module):
+  """Causal self attention with the position bias, cross attention, then the FFN; pre-norm."""
+
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    self.self_attention = _attention(c, "self_attention")
+    self.self_norm = _norm(c)
+    self.cross_attention = _attention(c, "cross_attention")
+    self.cross_norm = _norm(c)
+    self.feed_forward = _feed_forward(c)
+    self.feed_forward_norm = _norm(c)
+    self.dropout = Dropout(c.dropout_rate)
+
+  def cross_kv(self, encoded_BSD: Array) -> tuple[Array, Array]:
+    """This layer's cross-attention keys and values ``[B, H, K, S]`` (as the Transformer's)."""
+    k_BSHK, v_BSHK = self.cross_attention.project_kv(encoded_BSD)
+    to_BHKS = lambda x: constrain(jnp.transpose(x, (0, 2, 3, 1)), BATCH, HEADS, KV, LENGTH)
+    return to_BHKS(k_BSHK), to_BHKS(v_BSHK)
+
+  def _feed_forward(self, y_BTD: Array, deterministic: bool) -> Array:
+    h_BTD = self.feed_forward(self.feed_forward_norm(y_BTD), deterministic=deterministic)
+    return y_BTD + self.dropout(h_BTD, deterministic=deterministic)
+
+  def __call__(self, y_BTD: Array, causal_B1TT: Array, bias_1HTT: Array, cross_k_BHKS: Array,
+               cross_v_BHKS: Array, cross_mask_B11S: Array, *, deterministic: bool):
+    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``."""
+    h_BTD = self.self_norm(y_BTD)
+    h_BTD, self_BHTT = self.self_attention(h_BTD, h_BTD, causal_B1TT, bias=bias_1HTT,
+                                           deterministic=deterministic, return_weights=True)
+    y_BTD = y_BTD + self.dropout(h_BTD, deterministic=deterministic)
+    to_BSHK = lambda x: jnp.transpose(x, (0, 3, 1, 2))
+    h_BTD, cross_BHTS = self.cross_attention.attend(
+        self.cross_norm(y_BTD), to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B11S,
+        deterministic=deterministic, return_weights=True)
+    y_BTD = y_BTD + self.dropout(h_BTD, deterministic=deterministic)
+    return self._feed_forward(y_BTD, deterministic), self_BHTT, cross_BHTS
+
+  def step(self, y_B1D: Array, cache: KVCache, index: Array, layer: int, bias_HT: Array,
+           cross_k_BHKS: Array, cross_v_BHKS: Array, source_valid_BS: Array
+           ) -> tuple[Array, KVCache]:
+    """One decoding position; ``bias_HT`` is this position's row of the position bias."""
+    h_B1D, cache = self.self_attention.step(self.self_norm(y_B1D), cache, index, layer=layer,
+                                            bias_HT=bias_HT)
+    y_B1D = y_B1D + h_B1D
+    y_B1D = y_B1D + self.cross_attention.attend_one(self.cross_norm(y_B1D), cross_k_BHKS,
+                                                    cross_v_BHKS, source_valid_BS)
+    return self._feed_forward(y_B1D, True), cache
+
+
+class T5(nn.Module):
+  """The T5 encoder-decoder with the model contract of DESIGN.md.
+
+  Memory (from ``encode``) is the Transformer's: ``encoded`` [B, S, D],
+  ``source_valid`` [B, S] bool, and ``cross_key`` / ``cross_value``, one [B, H, K, S]
+  array per decoder layer. The cache (from ``init_cache``) holds ``index`` and
+  ``self_attention``, a ``KVCache`` [B, L, T, H, K]; a decoding step adds its row of
+  the decoder's position bias to the scores against every cached position.
+  """
+
+  config: T5Config
+
+  def setup(self):
+    c = self.config
+    dtype = compute_dtype(c.dtype)
+    self.embedding = TokenEmbedding(c.vocab_size, c.model_dim, dtype=dtype, scale=False)
+    bias = lambda bidirectional: RelativePositionBias(
+        num_heads=c.num_heads, num_buckets=c.relative_buckets,
+        max_distance=c.relative_max_distance, bidirectional=bidirectional)
+    self.encoder_position_bias = bias(True)
+    self.decoder_position_bias = bias(False)
+    self.dropout = Dropout(c.dropout_rate)
+    self.encoder_layers = [T5EncoderLayer(c) for _ in range(c.num_encoder_layers)]
+    self.decoder_layers = [T5DecoderLayer(c) for _ in range(c.num_decoder_layers)]
+    self.encoder_norm = _norm(c)
+    self.decoder_norm = _norm(c)
+    if not c.tie_output:
+      self.output_projection = VocabProjection(c.vocab_size, dtype=dtype, use_bias=False,
+                                               name="output_projection")
+
+  def _check_tokens(self, tokens: Array, what: str) -> None:
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f"{what} must be integer token ids [batch, length]; got "
+                       f"{tokens.dtype} {tokens.shape}")
+    if tokens.shape[1] > self.config.max_len:
+      raise ValueError(f"{what} has length {tokens.shape[1]} > T5Config.max_len="
+                       f"{self.config.max_len}; truncate it or raise max_len")
+
+  def encode(self, inputs_BS: Array, *, deterministic: bool = True,
+             return_attention: bool = False):
+    """Encodes source ids (``config.pad_id`` after each row) into the memory dict.
+
+    With ``return_attention`` returns ``(memory, weights_LBHSS)``.
+    """
+    self._check_tokens(inputs_BS, "inputs")
+    mask_B11S = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
+    length = inputs_BS.shape[1]
+    bias_1HSS = self.encoder_position_bias(length, length)
+    x_BSD = _rows(self.dropout(self.embedding(inputs_BS), deterministic=deterministic))
+    weights = []
+    for layer in self.encoder_layers:
+      x_BSD, weights_BHSS = layer(x_BSD, mask_B11S, bias_1HSS, deterministic=deterministic)
+      x_BSD = _rows(x_BSD)
+      weights.append(weights_BHSS)
+    x_BSD = self.dropout(self.encoder_norm(x_BSD), deterministic=deterministic)
+    keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
+    memory = {"encoded": x_BSD, "source_valid": inputs_BS != self.config.pad_id,
+              "cross_key": tuple(keys), "cross_value": tuple(values)}
+    if return_attention:
+      return memory, jnp.stack(weights)
+    return memory
+
+  def _logits(self, y_BTD: Array, deterministic: bool) -> Array:
+    y_BTD = self.dropout(self.decoder_norm(y_BTD), deterministic=deterministic)
+    if self.config.scale_output:
+      y_BTD = y_BTD * jnp.asarray(self.config.model_dim ** -0.5, y_BTD.dtype)
+    if self.config.tie_output:
+      return self.embedding.attend(y_BTD)
+    return self.output_projection(y_BTD)
+
+  def decode(self, memory: PyTree, targets_BT: Array, *, deterministic: bool = True,
+             return_attention: bool = False):
+    """Teacher-forced decoding: float32 logits ``[B, T, V]`` predicting ``targets_BT``.
+
+    The decoder reads ``shift_right(targets_BT, config.decoder_start_id)``. With
+    ``return_attention`` returns ``(logits, {"decoder_self": [L, B, H, T, T],
+    "cross": [L, B, H, T, S]})``.
+    """
+    self._check_tokens(targets_BT, "targets")
+    decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id)
+    length = targets_BT.shape[1]
+    causal_B1TT = make_causal_mask(decoder_inputs_BT)
+    bias_1HTT = self.decoder_position_bias(length, length)
+    cross_mask_B11S = memory["source_valid"][:, None, None, :]
+    y_BTD = self.embedding(decoder_inputs_BT)
+    y_BTD = _rows(self.dropout(y_BTD, deterministic=deterministic))
+    self_weights, cross_weights = [], []
+    for i, layer in enumerate(self.decoder_layers):
+      y_BTD, self_BHTT, cross_BHTS = layer(
+          y_BTD, causal_B1TT, bias_1HTT, memory["cross_key"][i], memory["cross_value"][i],
+          cross_mask_B11S, deterministic=deterministic)
+      y_BTD = _rows(y_BTD)
+      self_weights.append(self_BHTT)
+      cross_weights.append(cross_BHTS)
+    logits_BTV = constrain(self._logits(y_BTD, deterministic), BATCH, LENGTH, VOCAB)
+    if return_attention:
+      return logits_BTV, {"decoder_self": jnp.stack(self_weights),
+                          "cross": jnp.stack(cross_weights)}
+    return logits_BTV
+
+  def __call__(self, inputs_BS: Array, targets_BT: Array, *, deterministic: bool = True,
+               return_attention: bool = False):
+    """``decode(encode(inputs), targets)``: logits [B, T, V], or ``(logits, attention)``."""
+    if not return_attention:
+      memory = self.encode(inputs_BS, deterministic=deterministic)
+      return self.decode(memory, targets_BT, deterministic=deterministic)
+    memory, encoder_self = self.encode(inputs_BS, deterministic=deterministic,
+                                       return_attention=True)
+    logits_BTV, attention = self.decode(memory, targets_BT, deterministic=deterministic,
+                                        return_attention=True)
+    return logits_BTV, {"encoder_self": encoder_self, **attention}
+
+  def init_cache(self, memory: PyTree, max_decode_len: int) -> dict[str, Any]:
+    """An empty self-attention cache for up to ``max_decode_len`` decoding steps."""
+    check_decode_len(max_decode_len, self.config.max_len, "T5Config")
+    c = self.config
+    kv = KVCache.zeros(rows=memory["encoded"].shape[0], layers=c.num_decoder_layers,
+                       length=max_decode_len, heads=c.num_heads, head_dim=c.head_dim,
+                       dtype=compute_dtype(c.dtype))
+    return {"index": jnp.zeros((), jnp.int32), "self_attention": kv}
+
+  def decode_step(self, memory: PyTree, tokens_B: Array, cache: dict[str, Any]):
+    """Decodes one position: ``tokens_B`` is the previous token (the decoder start at first).
+
+    Returns ``(logits_BV, cache)``; a step past the cache's length returns NaN
+    logits rather than silently overwriting the last cached position.
+    """
+    index = cache["index"]
+    kv = cache["self_attention"]
+    bias_HT = self.decoder_position_bias.row(index, kv.length)
+    y_B1D = _rows(self.embedding(tokens_B[:, None]))
+    for i, layer in enumerate(self.decoder_layers):
+      y_B1D, kv = layer.step(y_B1D, kv, index, i, bias_HT, memory["cross_key"][i],
+                             memory["cross_value"][i], memory["source_valid"])
+    y_B1D = jnp.where(index < kv.length, y_B1D, jnp.nan)
+    logits_BV = self._logits(y_B1D, True)[:, 0]
+    return logits_BV, {"index": index + 1, "self_attention": kv}
