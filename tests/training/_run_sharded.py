@@ -55,7 +55,7 @@ def _evaluate(workdir, meshes):
   import numpy as np
 
   from seq2seq_jax.checkpoints import Checkpointer
-from seq2seq_jax.training.restore import load_params
+  from seq2seq_jax.training.restore import load_params
   from seq2seq_jax.data import pipeline
   from seq2seq_jax.data.tokenizer import Tokenizer
   from seq2seq_jax.training import optimizer as optimizer_lib

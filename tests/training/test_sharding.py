@@ -336,7 +336,14 @@ def _train_all(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     return started
 
   def finish(name, started):
-    results = [_finish(p, f"{name} (process {i})") for i, p in enumerate(started)]
+    try:
+      results = [_finish(p, f"{name} (process {i})") for i, p in enumerate(started)]
+    finally:  # a failed process leaves its partners running and their logs open
+      for process in started:
+        if process.poll() is None:
+          process.kill()
+          process.wait()
+        process.log.close()
     workdir = root / name.replace(" ", "_")
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     return {"workdir": str(workdir), "results": results, "metrics": lines,
