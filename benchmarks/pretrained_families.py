@@ -41,7 +41,13 @@ import json, resource, sys, time
 import jax, numpy as np
 from seq2seq_jax import pretrained
 what, path, check = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-kib = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def kib():
+  # VmHWM: this process's own peak. ru_maxrss is not: Linux carries the parent's peak
+  # across fork and exec, so a probe started by a large parent read 0 above its start.
+  for line in open("/proc/self/status"):
+    if line.startswith("VmHWM:"):
+      return int(line.split()[1])
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 if what == "hf":
   import torch, transformers
   torch.ones(1)
