@@ -6,8 +6,8 @@
 # About 1,500 OPUS-MT translation models (Helsinki-NLP, MarianMT layout) and the multilingual
 # M2M100, NLLB-200, mBART-50 and MADLAD-400 models are published as PyTorch checkpoints;
 # transformers no longer runs them in JAX. `seq2seq_jax.pretrained` reads such a checkpoint
-# into this library's Transformer (or its T5), with outputs identical to PyTorch's, so the same jitted searches translate
-# with it on a CPU, GPU or TPU. This notebook loads `Helsinki-NLP/opus-mt-de-en`, translates
+# into this library's Transformer (or its T5), with outputs identical to PyTorch's, so the
+# same jitted searches translate with it on a CPU, GPU or TPU. This notebook loads `Helsinki-NLP/opus-mt-de-en`, translates
 # Multi30k's test set in bulk, translates a file resumably on every core of the machine (all
 # eight of a Colab TPU v2-8), scores translations by forced decoding and plots where the
 # model looks. A last section loads a second family, MADLAD-400 (the T5 architecture), and

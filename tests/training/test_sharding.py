@@ -273,13 +273,18 @@ def _start_cli(devices: int, *args) -> subprocess.Popen:
   return _popen([sys.executable, "-m", "seq2seq_jax.cli", *map(str, args)], env)
 
 
+def _stop(process: subprocess.Popen) -> None:
+  if process.poll() is None:
+    process.kill()
+    process.wait()
+
+
 def _finish(process: subprocess.Popen, what: str, timeout: float = 600) -> dict:
   try:
     process.wait(timeout=timeout)
     timed_out = False
   except subprocess.TimeoutExpired:
-    process.kill()
-    process.wait()
+    _stop(process)
     timed_out = True
   process.log.seek(0)
   output = process.log.read()
@@ -289,6 +294,16 @@ def _finish(process: subprocess.Popen, what: str, timeout: float = 600) -> dict:
   assert process.returncode == 0, f"{what} failed:\n{output[-4000:]}"
   results = [line for line in output.splitlines() if line.startswith("RESULT ")]
   return json.loads(results[-1][len("RESULT "):]) if results else {}
+
+
+def _finish_all(started: list, what: str) -> list[dict]:
+  """``_finish`` for the processes of one run; a failed one's partners are stopped, not left."""
+  try:
+    return [_finish(p, f"{what} (process {i})") for i, p in enumerate(started)]
+  finally:
+    for process in started:
+      _stop(process)
+      process.log.close()
 
 
 def _free_port() -> int:
@@ -336,14 +351,7 @@ def _train_all(root: pathlib.Path, data_dir: pathlib.Path) -> dict:
     return started
 
   def finish(name, started):
-    try:
-      results = [_finish(p, f"{name} (process {i})") for i, p in enumerate(started)]
-    finally:  # a failed process leaves its partners running and their logs open
-      for process in started:
-        if process.poll() is None:
-          process.kill()
-          process.wait()
-        process.log.close()
+    results = _finish_all(started, name)
     workdir = root / name.replace(" ", "_")
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     return {"workdir": str(workdir), "results": results, "metrics": lines,
