@@ -20,6 +20,7 @@ of the parameters; and the load time with and without the check for NaN and
 infinity (``check_finite``), alternated.
 
   python benchmarks/pretrained_families.py [--out FILE.json] [--plot FILE.png] [--rounds N]
+  python benchmarks/pretrained_families.py --loads-only   # only the loads' peak memory
   SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_families.py   # tiny sizes, for CI
 """
 
@@ -48,15 +49,25 @@ def kib():
     if line.startswith("VmHWM:"):
       return int(line.split()[1])
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def reset_peak():
+  # Writing 5 to clear_refs sets VmHWM back to the current resident size (Linux >= 4.0):
+  # the peak read after the load is then the load's own.
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+  except OSError:
+    pass
 if what == "hf":
   import torch, transformers
   torch.ones(1)
+  reset_peak()
   before = kib(); started = time.perf_counter()
   model = transformers.AutoModelForSeq2SeqLM.from_pretrained(path)
   seconds = time.perf_counter() - started
   params = sum(p.numel() * p.element_size() for p in model.parameters())
 else:
   jax.numpy.zeros(1).block_until_ready()
+  reset_peak()
   before = kib(); started = time.perf_counter()
   checkpoint = pretrained.load(path, with_tokenizer=False, check_finite=check)
   jax.block_until_ready(checkpoint.params)
@@ -162,6 +173,9 @@ def main() -> None:
                       help="alternated rounds per task (default 3; 2 in quick mode)")
   parser.add_argument("--keep", type=pathlib.Path, default=None,
                       help="build the checkpoints here and keep them (default: a temp dir)")
+  parser.add_argument("--loads-only", action="store_true",
+                      help="measure only the loads' peak memory (no timing: memory does not "
+                      "depend on what else runs on the machine)")
   args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
   if args.rounds is not None:
@@ -192,6 +206,8 @@ def main() -> None:
       if not (directory / "build_info.json").is_file():
         builders[name](directory, **overrides)
       loads += _load_rows(name, directory, tmp, s)
+      if args.loads_only:
+        continue
       checks.append(_finite_check_cost(name, directory, s))
       checkpoint = pretrained.load(directory)
       config = checkpoint.config
@@ -273,20 +289,22 @@ def main() -> None:
   print(f"{out_len} tokens per output, {count} sentences, {threads} threads; torch "
         f"{torch.__version__}, transformers {transformers.__version__}, ctranslate2 "
         f"{ctranslate2.__version__}")
-  print("greedy agreement:", json.dumps(agreement))
-  print(benchmarking.format_table(rows, ["task", "system", "tokens/s", "tokens/s min",
-                                         "tokens/s max", "ours/system"]))
+  if rows:
+    print("greedy agreement:", json.dumps(agreement))
+    print(benchmarking.format_table(rows, ["task", "system", "tokens/s", "tokens/s min",
+                                           "tokens/s max", "ours/system"]))
   print(benchmarking.format_table(loads, ["model", "load", "param MB", "peak - start MB",
                                           "x params", "seconds"]))
-  print(benchmarking.format_table(checks, ["model", "load s (check)", "load s (no check)",
-                                           "check s", "check %"]))
+  if checks:
+    print(benchmarking.format_table(checks, ["model", "load s (check)", "load s (no check)",
+                                             "check s", "check %"]))
   path = benchmarking.write_json(args.out, {
-      "benchmark": "pretrained_families", "settings": s,
+      "benchmark": "pretrained_families", "settings": s, "loads_only": args.loads_only,
       "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                    "ctranslate2": ctranslate2.__version__},
       "agreement": agreement, "rows": rows, "loads": loads, "finite_check": checks})
   print(f"wrote {path}")
-  if args.plot:
+  if args.plot and rows:
     benchmarking.plot_rates_by_task(rows, args.plot)
     print(f"wrote {args.plot}")
 

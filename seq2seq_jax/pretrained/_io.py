@@ -136,11 +136,27 @@ def read_safetensors_header(path: pathlib.Path) -> dict[str, _Entry]:
   return entries
 
 
+# XLA's CPU client takes a host buffer without copying it only at this alignment.
+ALIGNMENT = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+  """An uninitialized C-contiguous array whose data starts at a multiple of ``ALIGNMENT``.
+
+  ``jax.device_put(array, may_alias=True)`` then shares its memory on the CPU instead
+  of copying it: a load holds each tensor once, not twice.
+  """
+  nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+  raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+  start = -raw.ctypes.data % ALIGNMENT
+  return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _read_entry(entry: _Entry) -> np.ndarray:
   count = math.prod(entry.shape)
   with open(entry.path, "rb") as f:
     f.seek(entry.offset)
-    array = np.empty(count, entry.dtype)
+    array = aligned_empty((count,), entry.dtype)
     if f.readinto(memoryview(array.view(np.uint8))) != array.nbytes:
       raise _corrupt(entry.path, "it became shorter while being read")
   return array.reshape(entry.shape)

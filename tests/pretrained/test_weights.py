@@ -85,6 +85,27 @@ def test_sharded_safetensors_load_like_one_file(random_dir, tmp_path):
   _params_equal(sharded.params, whole.params)
 
 
+def test_loaded_tensors_are_not_held_twice_on_the_cpu(random_dir):
+  """Tensors are read into buffers that XLA's CPU client adopts without a copy."""
+  weights = _io.read_weights(random_dir)
+  for name in weights:
+    assert weights.read(name).ctypes.data % _io.ALIGNMENT == 0, name
+  from seq2seq_jax.pretrained._convert import place
+
+  kept = weights.read("model.shared.weight").astype(np.float32)
+  stored = _io.aligned_empty(kept.shape, np.float32)
+  stored[...] = kept
+  placed = place(stored)
+  if jax.default_backend() == "cpu":
+    assert placed.unsafe_buffer_pointer() == stored.ctypes.data  # the same memory
+  transposed = place(kept.T)  # not contiguous: copied once, into an aligned buffer
+  np.testing.assert_array_equal(np.asarray(placed), kept)
+  np.testing.assert_array_equal(np.asarray(transposed), kept.T)
+  # A load goes through the same path and gives the file's values.
+  loaded = pretrained.load(random_dir, with_tokenizer=False)
+  np.testing.assert_array_equal(np.asarray(loaded.params["source_embedding"]["embedding"]), kept)
+
+
 def test_sharded_index_errors_name_the_index_and_shard(random_dir, tmp_path):
   copy = _copy(random_dir, tmp_path)
   _, header = _header(copy / "model.safetensors")
