@@ -98,6 +98,29 @@ def test_evaluate_writes_scores_and_json(tiny_run, capsys):
 
 
 @pytest.mark.slow
+def test_average_writes_a_run_folder_evaluate_reads(tiny_run, tmp_path, capsys):
+  import jax
+  import numpy as np
+
+  from seq2seq_jax.training.restore import load_params
+
+  workdir = tiny_run["workdir"]
+  out = tmp_path / "averaged"
+  assert cli.main(["average", "--workdir", str(workdir), "--last", "2", "--out", str(out)]) == 0
+  assert "the mean of the latest 2 checkpoints" in capsys.readouterr().out
+  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  averaged, _ = load_params(out / "checkpoints")
+  last = [load_params(workdir / "checkpoints", step=s)[0] for s in steps[-2:]]
+  jax.tree.map(lambda a, b, c: np.testing.assert_allclose(
+      a, (np.float64(b) + np.float64(c)) / 2, rtol=1e-6, atol=1e-7), averaged, *last)
+  assert cli.main(["evaluate", "--workdir", str(out), "--split", "val", "--max-sentences",
+                   "4"]) == 0
+  assert f"checkpoint {steps[-1]}" in capsys.readouterr().out
+  assert cli.main(["average", "--workdir", str(workdir), "--last", "99"]) == 2
+  assert "num_last=99" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_translate_reads_stdin_keeps_empty_lines(tiny_run, capsys, monkeypatch):
   monkeypatch.setattr(sys, "stdin", io.StringIO("Ein Hund rennt.\n\nZwei Männer sitzen.\n"))
   assert cli.main(["translate", "--workdir", str(tiny_run["workdir"])]) == 0

@@ -1,9 +1,9 @@
-"""The ``seq2seq-jax`` command line: ``prepare``, ``train``, ``evaluate``, ``translate``,
-``export``, ``save-pretrained``, ``compile``.
+"""The ``seq2seq-jax`` command line: ``prepare``, ``train``, ``average``, ``evaluate``,
+``translate``, ``export``, ``save-pretrained``, ``compile``.
 
 Flags become configs here and nowhere else. Each command is a module of this package
-(``prepare``, ``train``, ``evaluate``, ``translate``, ``export``, ``save_pretrained``,
-``compile``): its docstring is the command's description, ``HELP`` its line in
+(``prepare``, ``train``, ``average``, ``evaluate``, ``translate``, ``export``,
+``save_pretrained``, ``compile``): its docstring is the command's description, ``HELP`` its line in
 ``seq2seq-jax --help``, ``add_arguments(parser)`` its flags and ``run(args)`` returns its
 exit status. The flag groups that several share, and the configs and Translators they
 become, are in ``flags``.
@@ -16,6 +16,7 @@ Example::
       --target-lang en --tokenizer runs/x/tokenizer.model --vocab-size 8000
   seq2seq-jax train --preset multi30k_transformer --workdir runs/m30k \\
       --set data.manual_dir=../shared/data/multi30k/raw --set train.num_steps=400
+  seq2seq-jax average --workdir runs/m30k --last 5  # writes runs/m30k/average-5
   seq2seq-jax evaluate --workdir runs/m30k --split test_2016_flickr --beam-size 4
   echo "Ein Hund rennt." | seq2seq-jax translate --workdir runs/m30k --beam-size 4
   echo "Ein Hund rennt." | seq2seq-jax translate --pretrained opus-mt-de-en
@@ -43,11 +44,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from seq2seq_jax.cli import (compile, evaluate, export, prepare, save_pretrained, train,
-                             translate)
+from seq2seq_jax.cli import (average, compile, evaluate, export, prepare, save_pretrained,
+                             train, translate)
 
 # In the order ``seq2seq-jax --help`` lists them.
-COMMANDS = (prepare, train, evaluate, translate, export, save_pretrained, compile)
+COMMANDS = (prepare, train, average, evaluate, translate, export, save_pretrained, compile)
 
 
 def build_parser() -> argparse.ArgumentParser:
