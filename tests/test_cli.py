@@ -9,12 +9,15 @@ import subprocess
 import sys
 import types
 
+import jax
+import numpy as np
 import pytest
 import sacrebleu
 
 from seq2seq_jax import cli, evaluation, presets
 from seq2seq_jax.cli import flags
 from seq2seq_jax.data import pipeline
+from seq2seq_jax.training.restore import load_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -99,11 +102,6 @@ def test_evaluate_writes_scores_and_json(tiny_run, capsys):
 
 @pytest.mark.slow
 def test_average_writes_a_run_folder_evaluate_reads(tiny_run, tmp_path, capsys):
-  import jax
-  import numpy as np
-
-  from seq2seq_jax.training.restore import load_params
-
   workdir = tiny_run["workdir"]
   out = tmp_path / "averaged"
   assert cli.main(["average", "--workdir", str(workdir), "--last", "2", "--out", str(out)]) == 0

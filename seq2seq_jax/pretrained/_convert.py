@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seq2seq_jax.configs import StackShape, TransformerConfig
-from seq2seq_jax.pretrained._io import ALIGNMENT, Weights, aligned_empty
+from seq2seq_jax.pretrained._io import ALIGNMENT, Weights, aligned_copy
 
 
 # transformers' activation names -> TransformerConfig.activation.
@@ -207,9 +207,7 @@ def read_checked(weights: Weights, name: str, *, check_finite: bool = True) -> n
   """Tensor ``name`` as float32; a NaN or an infinity raises naming the tensor and its file."""
   value = weights.read(name)
   if value.dtype != np.float32:  # float16 / bfloat16 weights: widened into an aligned buffer
-    value, stored = aligned_empty(value.shape, np.float32), value
-    value[...] = stored
-    del stored
+    value = aligned_copy(value, np.float32)
   # In blocks of 4M values: np.isfinite of a whole 1 GB embedding is a 250 MB temporary.
   flat, block = value.reshape(-1), 1 << 22
   if check_finite and not all(np.isfinite(flat[i:i + block]).all()
@@ -230,9 +228,7 @@ def place(value: np.ndarray) -> jax.Array:
   three times at its peak: a 1 GB embedding took 3 GB for a moment.
   """
   if not (value.flags.c_contiguous and value.ctypes.data % ALIGNMENT == 0):
-    aligned = aligned_empty(value.shape, value.dtype)
-    aligned[...] = value
-    value = aligned
+    value = aligned_copy(value)
   return jax.device_put(value, may_alias=True)
 
 

@@ -152,6 +152,13 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
   return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def aligned_copy(value: np.ndarray, dtype: Any = None) -> np.ndarray:
+  """``value`` (cast to ``dtype``) copied into an ``aligned_empty`` array."""
+  copy = aligned_empty(value.shape, value.dtype if dtype is None else dtype)
+  copy[...] = value
+  return copy
+
+
 def _read_entry(entry: _Entry) -> np.ndarray:
   count = math.prod(entry.shape)
   with open(entry.path, "rb") as f:

@@ -20,6 +20,7 @@ import pytest
 
 from seq2seq_jax import pretrained
 from seq2seq_jax.pretrained import _io
+from seq2seq_jax.pretrained._convert import place
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -90,11 +91,8 @@ def test_loaded_tensors_are_not_held_twice_on_the_cpu(random_dir):
   weights = _io.read_weights(random_dir)
   for name in weights:
     assert weights.read(name).ctypes.data % _io.ALIGNMENT == 0, name
-  from seq2seq_jax.pretrained._convert import place
-
   kept = weights.read("model.shared.weight").astype(np.float32)
-  stored = _io.aligned_empty(kept.shape, np.float32)
-  stored[...] = kept
+  stored = _io.aligned_copy(kept)
   placed = place(stored)
   if jax.default_backend() == "cpu":
     assert placed.unsafe_buffer_pointer() == stored.ctypes.data  # the same memory
