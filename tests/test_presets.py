@@ -94,3 +94,16 @@ def test_tiny_rnn_presets_differ_only_in_the_model():
     config = presets.get_preset(name)
     assert config.model.attention == attention and config.model_kind == "rnn"
     assert (config.data, config.train, config.decode) == (tiny.data, tiny.train, tiny.decode)
+
+
+@pytest.mark.parametrize("long, base", [
+    ("multi30k_transformer_long", "multi30k_transformer"),
+    ("multi30k_transformer_long_en_de", "multi30k_transformer_en_de"),
+])
+def test_long_presets_are_the_30_minute_ones_run_longer(long, base):
+  # The long recipe is the 30-minute one with more updates and more regularization; the
+  # README's ablation rows compare the two, so nothing else may drift between them.
+  expected = presets.apply_overrides(presets.get_preset(base), [
+      "model.dropout_rate=0.2", "model.attention_dropout_rate=0.1", "train.num_steps=5400",
+      "train.warmup_steps=400", "train.eval_every=1000", "train.checkpoint_every=500"])
+  assert presets.get_preset(long) == expected
