@@ -257,8 +257,9 @@ def run_choices(results: Results) -> None:
 
   train = presets.apply_overrides(base, [
       "model.vocab_size=32000", "model.model_dim=512", "model.num_heads=8", "model.mlp_dim=2048",
-      "model.num_encoder_layers=2", "model.num_decoder_layers=2",
-      "model.attention_dropout_rate=0.1", "train.compute_dtype=bfloat16", "data.vocab_size=32000"])
+      "model.num_encoder_layers=2", "model.num_decoder_layers=2", "model.dropout_rate=0.1",
+      "model.attention_dropout_rate=0.1", "train.compute_dtype=bfloat16",
+      "data.vocab_size=32000"])
   original_mask = dropout_lib.keep_mask
   for variant, mask in (("philox", dropout_lib.philox_keep_mask), ("threefry", threefry),
                         ("rbg", rbg)):

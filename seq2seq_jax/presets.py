@@ -45,16 +45,17 @@ def _multi30k_data(source_lang: str = "de", target_lang: str = "en") -> DataConf
 def _multi30k_transformer(source_lang: str = "de", target_lang: str = "en") -> ExperimentConfig:
   """The default: a 3+3-layer d=256 Transformer on Multi30k, sized to train in 30 CPU minutes.
 
-  1450 updates of 3072 padded tokens (about 2400 target tokens, 7 epochs) with a
+  1400 updates of 3072 padded tokens (about 2400 target tokens, under 7 epochs) with a
   cosine schedule fit in under 30 minutes of a 2-core CPU, compilation and the final
-  validation included.
+  validation included. No dropout: over so few epochs the model does not overfit, and
+  an update without dropout masks is about 10 % faster; label smoothing stays.
   """
   return ExperimentConfig(
       model=TransformerConfig(vocab_size=3000, model_dim=256, num_heads=4, mlp_dim=512,
                               num_encoder_layers=3, num_decoder_layers=3, max_len=128,
-                              dropout_rate=0.1, attention_dropout_rate=0.0),
+                              dropout_rate=0.0, attention_dropout_rate=0.0),
       data=_multi30k_data(source_lang, target_lang),
-      train=TrainConfig(num_steps=1450, learning_rate=1.5e-3, schedule="cosine", warmup_steps=150,
+      train=TrainConfig(num_steps=1400, learning_rate=1.5e-3, schedule="cosine", warmup_steps=150,
                         label_smoothing=0.1, log_every=50, eval_every=0,
                         checkpoint_every=250, eval_bleu_sentences=512),
       decode=DecodeConfig(method="greedy"))
@@ -171,7 +172,7 @@ def _short(config: ExperimentConfig, *, model: dict[str, Any],
 _SHORT_RNN = dict(model=dict(embed_dim=128, hidden_dim=256, dropout_rate=0.3),
                   train=dict(num_steps=700, learning_rate=2e-3, schedule="constant",
                              warmup_steps=0, eval_every=350, checkpoint_every=350))
-_SHORT_TRANSFORMER = dict(model=dict(model_dim=128, mlp_dim=512),
+_SHORT_TRANSFORMER = dict(model=dict(model_dim=128, mlp_dim=512, dropout_rate=0.1),
                           train=dict(num_steps=800, learning_rate=2e-3, schedule="rsqrt",
                                      warmup_steps=200, eval_every=400, checkpoint_every=400))
 

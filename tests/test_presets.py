@@ -74,7 +74,7 @@ _NOTEBOOK_RNN = _NOTEBOOK_DATA + [
     "train.eval_every=350", "train.checkpoint_every=350"]
 _NOTEBOOK_TRANSFORMER = _NOTEBOOK_DATA + [
     "train.learning_rate=2e-3", "train.schedule=rsqrt", "model.model_dim=128",
-    "model.mlp_dim=512", "train.num_steps=800", "train.warmup_steps=200",
+    "model.mlp_dim=512", "model.dropout_rate=0.1", "train.num_steps=800", "train.warmup_steps=200",
     "train.eval_every=400", "train.checkpoint_every=400"]
 
 
