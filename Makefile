@@ -21,7 +21,8 @@ setup: $(STAMP)
 
 # The main job: prepare Multi30k (downloaded, or MULTI30K_DIR=path/to/multi30k/raw; the
 # shared copy beside this checkout is used when present), train the default preset, then
-# print test BLEU with beam 4 and a few translations. Rerunning resumes the run.
+# print test BLEU with beam 4 (the preset's length penalty) and a few translations.
+# Rerunning resumes the run.
 MULTI30K_DIR ?= $(wildcard $(CURDIR)/../shared/data/multi30k/raw)
 PRESET ?= multi30k_transformer
 WORKDIR ?= workdirs/$(PRESET)
@@ -31,7 +32,7 @@ DATA_FLAGS := $(if $(MULTI30K_DIR),--set data.manual_dir=$(MULTI30K_DIR))
 train: $(STAMP)
 	$(PY) -m seq2seq_jax.cli prepare --dataset multi30k $(if $(MULTI30K_DIR),--manual-dir $(MULTI30K_DIR))
 	$(PY) -m seq2seq_jax.cli train --preset $(PRESET) --workdir $(WORKDIR) $(DATA_FLAGS) $(TRAIN_FLAGS)
-	$(PY) -m seq2seq_jax.cli evaluate --workdir $(WORKDIR) --split test_2016_flickr --beam-size 4 --alpha 0.6 --show 3
+	$(PY) -m seq2seq_jax.cli evaluate --workdir $(WORKDIR) --split test_2016_flickr --beam-size 4 --show 3
 
 # The type check and the docs build come first: each takes seconds and fails the run.
 test: $(STAMP) typecheck docs

@@ -104,6 +104,6 @@ def test_long_presets_are_the_30_minute_ones_run_longer(long, base):
   # The long recipe is the 30-minute one with more updates and more regularization; the
   # ablation rows in benchmarks/RESULTS.md compare the two, so nothing else may drift.
   expected = presets.apply_overrides(presets.get_preset(base), [
-      "model.dropout_rate=0.2", "model.attention_dropout_rate=0.1", "train.num_steps=5400",
+      "model.dropout_rate=0.1", "train.num_steps=5400",
       "train.warmup_steps=400", "train.eval_every=1000", "train.checkpoint_every=500"])
   assert presets.get_preset(long) == expected
