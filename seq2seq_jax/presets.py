@@ -52,7 +52,7 @@ def _multi30k_transformer(source_lang: str = "de", target_lang: str = "en", *,
   cosine schedule fit in under 30 minutes of a 2-core CPU, compilation and the final
   validation included. No dropout: over so few epochs the model does not overfit, and
   an update without dropout masks is about 10 % faster; label smoothing stays. Into
-  German, 6000 pieces and 1250 updates (``_EN_DE_VOCAB``).
+  German, a larger vocabulary and fewer updates (see ``_EN_DE_VOCAB``).
   """
   return ExperimentConfig(
       model=TransformerConfig(vocab_size=vocab_size, model_dim=256, num_heads=4, mlp_dim=512,
@@ -77,8 +77,8 @@ def _multi30k_transformer_long(source_lang: str = "de", target_lang: str = "en",
   dropout 0.1 (none on the attention weights), and a longer warmup (400). Dropout 0.2
   with attention dropout 0.1 scored 1.6 BLEU lower on validation (benchmarks/RESULTS.md).
   Validation loss and BLEU every 1000 updates draw the learning curve; a checkpoint
-  every 500. Into German, 4850 updates of the 6000-piece vocabulary's slower step
-  (``_EN_DE_VOCAB``).
+  every 500. Into German, fewer updates of the larger vocabulary's slower step (see
+  ``_EN_DE_VOCAB``).
   """
   base = _multi30k_transformer(source_lang, target_lang, vocab_size=vocab_size)
   return dataclasses.replace(
