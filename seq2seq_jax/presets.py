@@ -71,8 +71,8 @@ def _multi30k_transformer(source_lang: str = "de", target_lang: str = "en", *,
 
 
 def _multi30k_transformer_long(source_lang: str = "de", target_lang: str = "en", *,
-                               vocab_size: int = 3000, num_steps: int = 5400,
-                               activation: str = "relu") -> ExperimentConfig:
+                               vocab_size: int = 3000,
+                               num_steps: int = 5400) -> ExperimentConfig:
   """``multi30k_transformer`` trained for two CPU hours: 5400 updates, about 26 epochs.
 
   The same model and batches; four times the updates call for some regularization,
@@ -82,8 +82,7 @@ def _multi30k_transformer_long(source_lang: str = "de", target_lang: str = "en",
   every 500. Into German, fewer updates of the larger vocabulary's slower step, and ReLU
   rather than the 30-minute run's GELU (see ``_EN_DE_VOCAB``).
   """
-  base = _multi30k_transformer(source_lang, target_lang, vocab_size=vocab_size,
-                               activation=activation)
+  base = _multi30k_transformer(source_lang, target_lang, vocab_size=vocab_size)
   return dataclasses.replace(
       base, model=dataclasses.replace(base.model, dropout_rate=0.1),
       train=dataclasses.replace(base.train, num_steps=num_steps, warmup_steps=400,
