@@ -494,7 +494,7 @@ class TrainConfig:
 
   num_steps: int = 10_000  # optimizer updates
   learning_rate: float = 1e-3  # peak learning rate
-  schedule: str = "rsqrt"  # "rsqrt" (inverse square root after linear warmup), "cosine", "constant"
+  schedule: str = "rsqrt"  # "rsqrt" (inverse square root after warmup), "cosine", "linear", "constant"
   warmup_steps: int = 1000
   label_smoothing: float = 0.1
   weight_decay: float = 0.0  # AdamW decoupled decay, never on biases, norms or embeddings
@@ -520,7 +520,7 @@ class TrainConfig:
                     "keep_checkpoints", "model_parallelism")
     if self.learning_rate <= 0:
       _fail(self, "learning_rate", self.learning_rate, "must be > 0")
-    _check_choice(self, "schedule", ("rsqrt", "cosine", "constant"))
+    _check_choice(self, "schedule", ("rsqrt", "cosine", "linear", "constant"))
     if self.warmup_steps < 0:
       _fail(self, "warmup_steps", self.warmup_steps, "must be >= 0")
     _check_rate(self, "label_smoothing")
@@ -533,9 +533,9 @@ class TrainConfig:
     for field in ("eval_bleu_sentences", "eval_batches"):
       if getattr(self, field) < 0:
         _fail(self, field, getattr(self, field), "must be >= 0 (0 means all)")
-    if self.schedule == "cosine" and self.warmup_steps >= self.num_steps:
+    if self.schedule in ("cosine", "linear") and self.warmup_steps >= self.num_steps:
       _fail(self, "warmup_steps", self.warmup_steps,
-            f"the cosine schedule needs warmup_steps < num_steps={self.num_steps}")
+            f"the {self.schedule} schedule needs warmup_steps < num_steps={self.num_steps}")
 
 
 # ExperimentConfig.to_dict writes the model's kind under this key; from_dict reads it back.

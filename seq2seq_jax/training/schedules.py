@@ -38,10 +38,13 @@ def rsqrt_schedule(peak_value: float, warmup_steps: int) -> optax.Schedule:
 
 
 def make_schedule(config: TrainConfig) -> optax.Schedule:
-  """The schedule that ``config.schedule`` names: ``"rsqrt"``, ``"cosine"`` or ``"constant"``.
+  """The schedule that ``config.schedule`` names: ``"rsqrt"``, ``"cosine"``, ``"linear"``
+  or ``"constant"``.
 
-  ``cosine`` is optax's warmup-cosine decay to 0 at ``num_steps``; ``constant``
-  warms up linearly over ``warmup_steps`` then holds ``learning_rate``.
+  Each but ``rsqrt`` warms up linearly from 0 over ``warmup_steps``. ``cosine`` is
+  optax's warmup-cosine decay to 0 at ``num_steps``; ``linear`` falls in a straight line
+  to 0 at ``num_steps`` (fairseq's ``polynomial_decay`` with power 1); ``constant`` holds
+  ``learning_rate``.
   """
   peak, warmup = config.learning_rate, config.warmup_steps
   if config.schedule == "rsqrt":
@@ -49,10 +52,14 @@ def make_schedule(config: TrainConfig) -> optax.Schedule:
   if config.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=peak,
                                               warmup_steps=warmup, decay_steps=config.num_steps)
+  if config.schedule == "linear":
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, warmup),
+         optax.linear_schedule(peak, 0.0, config.num_steps - warmup)], [warmup])
   if config.schedule == "constant":
     if warmup == 0:
       return optax.constant_schedule(peak)
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
                                  optax.constant_schedule(peak)], [warmup])
-  raise ValueError(f"TrainConfig.schedule={config.schedule!r} must be 'rsqrt', 'cosine' or "
-                   "'constant'")
+  raise ValueError(f"TrainConfig.schedule={config.schedule!r} must be 'rsqrt', 'cosine', "
+                   "'linear' or 'constant'")

@@ -31,9 +31,17 @@ def test_rsqrt_without_warmup():
 @pytest.mark.parametrize("name,expected", [
     ("constant", {0: 0.0, 5: 0.5e-3, 10: 1e-3, 50: 1e-3}),
     ("cosine", {0: 0.0, 10: 1e-3, 55: 0.5e-3, 100: 0.0}),
+    ("linear", {0: 0.0, 5: 0.5e-3, 10: 1e-3, 28: 0.8e-3, 55: 0.5e-3, 99: 1e-3 / 90, 100: 0.0}),
 ])
 def test_optax_schedules_from_config(name, expected):
   schedule = make_schedule(TrainConfig(schedule=name, learning_rate=1e-3, warmup_steps=10,
                                        num_steps=100))
   for count, lr in expected.items():
     np.testing.assert_allclose(float(schedule(count)), lr, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["cosine", "linear"])
+def test_decaying_schedules_need_warmup_below_num_steps(name):
+  with pytest.raises(ValueError, match=f"TrainConfig.warmup_steps=100.*the {name} schedule"):
+    TrainConfig(schedule=name, warmup_steps=100, num_steps=100)
+  TrainConfig(schedule="constant", warmup_steps=100, num_steps=100)  # no decay: nothing to check
