@@ -494,7 +494,7 @@ class TrainConfig:
 
   num_steps: int = 10_000  # optimizer updates
   learning_rate: float = 1e-3  # peak learning rate
-  schedule: str = "rsqrt"  # "rsqrt" (inverse square root after warmup), "cosine", "linear", "constant"
+  schedule: str = "rsqrt"  # "rsqrt" (inverse square root), "cosine", "linear", "constant"
   warmup_steps: int = 1000
   label_smoothing: float = 0.1
   weight_decay: float = 0.0  # AdamW decoupled decay, never on biases, norms or embeddings
