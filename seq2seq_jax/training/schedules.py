@@ -52,14 +52,11 @@ def make_schedule(config: TrainConfig) -> optax.Schedule:
   if config.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=peak,
                                               warmup_steps=warmup, decay_steps=config.num_steps)
-  if config.schedule == "linear":
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, peak, warmup),
-         optax.linear_schedule(peak, 0.0, config.num_steps - warmup)], [warmup])
-  if config.schedule == "constant":
-    if warmup == 0:
-      return optax.constant_schedule(peak)
-    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup),
-                                 optax.constant_schedule(peak)], [warmup])
+  if config.schedule in ("linear", "constant"):
+    after_warmup = (optax.linear_schedule(peak, 0.0, config.num_steps - warmup)
+                    if config.schedule == "linear" else optax.constant_schedule(peak))
+    # With warmup 0 the boundary is 0 and the second schedule runs from the first update.
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup],
+                                [warmup])
   raise ValueError(f"TrainConfig.schedule={config.schedule!r} must be 'rsqrt', 'cosine', "
                    "'linear' or 'constant'")
