@@ -455,6 +455,17 @@ class DataConfig:
   bucket_lengths: tuple[int, ...] = (8, 16, 24, 32, 48, 64)  # padded lengths that batches take
   eval_batch_size: int = 64  # rows of an evaluation batch; a multiple of batch_multiple
   shuffle_seed: int = 0
+  # Training text becomes token ids once (ArrayRecord shards and a lengths index, keyed by the
+  # tokenizer's hash) and every start reads those; False tokenizes every batch from text.
+  tokenize_once: bool = True
+  num_workers: int = 0  # grain worker processes building batches; 0 = threads in this process
+  # Several pairs per row of the largest bucket length, with segment ids and positions
+  # (Transformer and T5 only); off = one pair per row, padded to its bucket.
+  packing: bool = False
+  # Training text read straight from your own files, not through tfds: a glob with "{lang}"
+  # for the language code, e.g. "corpus/train-*.{lang}.gz" (plain or gzip, sorted shards).
+  train_files: str = ""
+  empty_lines: str = "refuse"  # a training pair with an empty side: "refuse" (error) or "drop"
 
   def __post_init__(self):
     _check_positive(self, "vocab_size", "max_source_len", "max_target_len", "batch_tokens",
@@ -462,6 +473,15 @@ class DataConfig:
     if self.vocab_size <= 4:
       _fail(self, "vocab_size", self.vocab_size, "must exceed the 4 reserved ids PAD/BOS/EOS/UNK")
     _check_choice(self, "too_long", ("filter", "truncate"))
+    _check_choice(self, "empty_lines", ("refuse", "drop"))
+    if self.num_workers < 0:
+      _fail(self, "num_workers", self.num_workers, "must be >= 0 (0 builds batches on threads)")
+    if self.train_files and "{lang}" not in self.train_files:
+      _fail(self, "train_files", self.train_files,
+            "must hold '{lang}' where the language code goes, e.g. 'train-*.{lang}.gz'")
+    for field in ("packing", "train_files"):
+      if getattr(self, field) and not self.tokenize_once:
+        _fail(self, field, getattr(self, field), "needs tokenize_once=True (it reads prepared ids)")
     if self.source_lang == self.target_lang:
       _fail(self, "target_lang", self.target_lang, "must differ from source_lang")
     if not self.bucket_lengths or list(self.bucket_lengths) != sorted(set(self.bucket_lengths)):

@@ -1,8 +1,11 @@
-"""Data: tfds builders (Multi30k, parallel_text, tfds:NAME), the sentencepiece vocabulary, grain pipelines.
+"""Data: tfds builders (Multi30k, parallel_text, tfds:NAME), the sentencepiece vocabulary, token
+ids prepared once, grain pipelines.
 
 Prepared data lives under ``DataConfig.data_dir`` (``""`` means
-``~/.cache/seq2seq_jax/tfds``). See ``builders``, ``tokenizer`` and ``pipeline``
-for the details of each part.
+``~/.cache/seq2seq_jax/tfds``): the text as tfds prepared it, and under ``ids/``
+the training split as token ids. See ``builders``, ``tokenizer``, ``prepared``,
+``pipeline`` and ``beam`` (the same ids from an Apache Beam pipeline) for the
+details of each part.
 """
 
 from seq2seq_jax.data.builders import DEFAULT_DATA_DIR as DEFAULT_DATA_DIR
@@ -19,6 +22,10 @@ from seq2seq_jax.data.pipeline import load_eval_text as load_eval_text
 from seq2seq_jax.data.pipeline import make_eval_batches as make_eval_batches
 from seq2seq_jax.data.pipeline import make_train_dataset as make_train_dataset
 from seq2seq_jax.data.pipeline import make_train_iterator as make_train_iterator
+from seq2seq_jax.data.pipeline import pack_rows as pack_rows
+from seq2seq_jax.data.prepared import PreparedDataError as PreparedDataError
+from seq2seq_jax.data.prepared import PreparedIds as PreparedIds
+from seq2seq_jax.data.prepared import prepare_ids as prepare_ids
 from seq2seq_jax.data.text_files import DataError as DataError
 from seq2seq_jax.data.tokenizer import Tokenizer as Tokenizer
 from seq2seq_jax.data.tokenizer import load_or_train_tokenizer as load_or_train_tokenizer
@@ -47,9 +54,13 @@ __all__ = [
     "make_train_dataset",
     "make_train_iterator",
     "MULTI30K_URL",
+    "pack_rows",
     "PairSplit",
     "PairTask",
     "prepare_dataset",
+    "prepare_ids",
+    "PreparedDataError",
+    "PreparedIds",
     "resolve_data_dir",
     "TextPairs",
     "tokenize",

@@ -8,10 +8,16 @@ an empty line, files of different line counts. Nothing is dropped or repaired.
 
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
+import itertools
+import os
 import pathlib
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
 
 
 class DataError(ValueError):
@@ -163,3 +169,134 @@ def content_key(checksums: Mapping[str, str]) -> str:
   """
   listing = "\n".join(f"{name} {checksums[name]}" for name in sorted(checksums))
   return hashlib.sha256(listing.encode()).hexdigest()[:12]
+
+
+def _glob_regex(pattern: str, lang: str) -> re.Pattern:
+  """A regex of ``pattern`` (``*``, ``?`` and ``[...]`` as in glob) with ``{lang}`` filled in;
+  each wildcard is a group."""
+  out = []
+  for piece in re.split(r"(\*|\?|\[[^\]]*\]|\{lang\})", pattern):
+    if piece == "*":
+      out.append("([^/]*)")
+    elif piece == "?":
+      out.append("([^/])")
+    elif piece.startswith("[") and piece.endswith("]") and len(piece) > 2:
+      body = piece[1:-1]
+      out.append("([" + ("^" + body[1:] if body.startswith("!") else body) + "])")
+    elif piece == "{lang}":
+      out.append(re.escape(lang))
+    else:
+      out.append(re.escape(piece))
+  return re.compile("".join(out) + r"\Z")
+
+
+def glob_aligned(pattern: str, langs: Sequence[str]) -> list[dict[str, pathlib.Path]]:
+  """Pairs up the shard files of a glob with ``{lang}`` in it, e.g. ``train-*.{lang}.gz``.
+
+  Args:
+    pattern: a path glob; ``{lang}`` stands for the language code.
+    langs: the two languages.
+
+  Returns:
+    One ``{lang: path}`` per shard, sorted by the first language's path; both
+    paths agree on every wildcard.
+
+  Raises:
+    DataError: no file matches, or a shard has no partner in the other language.
+  """
+  pattern = os.path.expanduser(pattern)
+  found = {lang: sorted(glob.glob(pattern.replace("{lang}", lang))) for lang in langs}
+  keys: dict[str, dict[tuple[str, ...], str]] = {}
+  for lang, paths in found.items():
+    regex = _glob_regex(pattern, lang)
+    keys[lang] = {}
+    for path in paths:
+      match = regex.match(path)
+      if match:
+        keys[lang][match.groups()] = path
+  first, second = langs
+  if not keys[first] and not keys[second]:
+    raise DataError(f"DataConfig.train_files={pattern!r} matches no file for {first} or {second}: "
+                    "check the path; '{lang}' stands for the language code")
+  for lang, other in ((first, second), (second, first)):
+    for key, path in keys[lang].items():
+      if key not in keys[other]:
+        partner = _fill(pattern, other, key)
+        raise DataError(f"{path} has no partner {partner}: every {lang} shard needs its "
+                        f"{other} translation, line by line; add it or move {path} away")
+  return [{first: pathlib.Path(keys[first][key]), second: pathlib.Path(keys[second][key])}
+          for key in sorted(keys[first], key=lambda k: keys[first][k])]
+
+
+def _fill(pattern: str, lang: str, groups: tuple[str, ...]) -> str:
+  values = iter(groups)
+  return re.sub(r"\*|\?|\[[^\]]*\]|\{lang\}",
+                lambda m: lang if m.group(0) == "{lang}" else next(values), pattern)
+
+
+def _open_lines(path: pathlib.Path):
+  return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def stream_aligned(files: Mapping[str, pathlib.Path], langs: Sequence[str], *, chunk: int = 4096,
+                   drop_empty: bool = False, counts: dict[str, int] | None = None
+                   ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
+  """Reads one pair of line-aligned files (plain or gzip) without holding them in memory.
+
+  Args:
+    files: ``{lang: path}`` of one shard.
+    langs: ``(source, target)``: the order of the sides yielded.
+    chunk: pairs per yielded block.
+    drop_empty: leave out pairs with an empty side (counted) instead of raising.
+    counts: ``"lines"`` (pairs read so far, over all shards: line numbers continue
+      from it) and ``"empty_dropped"``, updated as it reads.
+
+  Yields:
+    ``(lines_C, sources, targets)``: the 0-based lines (continuing ``counts["lines"]``)
+    and text of the pairs kept.
+
+  Raises:
+    DataError: invalid UTF-8, an empty line (unless dropped), a truncated gzip file,
+      or files of different lengths; each names the file and the line.
+  """
+  counts = {} if counts is None else counts
+  counts.setdefault("lines", 0)
+  counts.setdefault("empty_dropped", 0)
+  source_path, target_path = (pathlib.Path(files[lang]) for lang in langs)
+  lines: list[int] = []
+  sources: list[str] = []
+  targets: list[str] = []
+  first = counts["lines"]
+  number = 0
+  try:
+    with _open_lines(source_path) as source_file, _open_lines(target_path) as target_file:
+      for number, (raw_source, raw_target) in enumerate(
+          itertools.zip_longest(source_file, target_file), 1):
+        if raw_source is None or raw_target is None:
+          short, long = ((source_path, target_path) if raw_source is None
+                         else (target_path, source_path))
+          raise DataError(f"line counts differ: {short} ends after line {number - 1}, {long} goes "
+                          f"on: the files must be line-aligned; fix the file with the extra or "
+                          "missing lines")
+        source = decode_line(raw_source, str(source_path), number)
+        target = decode_line(raw_target, str(target_path), number)
+        if not source.strip() or not target.strip():
+          if not drop_empty:
+            empty = source_path if not source.strip() else target_path
+            raise DataError(f"{empty}: line {number} is empty; delete the line from both files, "
+                            "or set DataConfig.empty_lines='drop' to leave such pairs out "
+                            "(they are counted)")
+          counts["empty_dropped"] += 1
+        else:
+          lines.append(first + number - 1)
+          sources.append(source)
+          targets.append(target)
+        if len(sources) == chunk:
+          yield np.asarray(lines, np.int64), sources, targets
+          lines, sources, targets = [], [], []
+  except (OSError, EOFError) as e:  # gzip: a truncated or corrupt stream
+    raise DataError(f"{source_path} / {target_path}: unreadable after line {number} ({e}); "
+                    "download or decompress the file again") from e
+  counts["lines"] = first + number
+  if sources:
+    yield np.asarray(lines, np.int64), sources, targets

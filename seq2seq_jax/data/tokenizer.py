@@ -207,11 +207,33 @@ def training_sentences(pairs, *, max_pairs: int = MAX_TRAINING_PAIRS,
       yield target
 
 
+def _first_sentences(chunks, max_pairs: int = MAX_TRAINING_PAIRS) -> Iterator[str]:
+  taken = 0
+  for _, sources, targets in chunks:
+    for source, target in zip(sources[:max_pairs - taken], targets[:max_pairs - taken]):
+      yield source
+      yield target
+    taken += min(len(sources), max_pairs - taken)
+    if taken >= max_pairs:
+      return
+
+
 def train_tokenizer(data_config: DataConfig, *, model_type: str = "unigram") -> Tokenizer:
   """Trains the joint vocabulary of ``data_config.vocab_size`` on its training split.
 
-  Prepares the corpus first if needed (see ``builders.load_split``).
+  Prepares the corpus first if needed (see ``builders.load_split``). With
+  ``data_config.train_files`` it reads the first ``MAX_TRAINING_PAIRS`` pairs of those
+  files instead (in shard order: shuffle the shards' contents if their order is
+  not random).
   """
+  if data_config.train_files:
+    from seq2seq_jax.data.prepared import text_pair_chunks
+    tokenizer = train_tokenizer_from_text(
+        _first_sentences(text_pair_chunks(data_config, data_config.train_split)),
+        data_config.vocab_size, model_type=model_type)
+    _log.info("trained a %d-piece sentencepiece vocabulary on %s", tokenizer.vocab_size,
+              data_config.train_files)
+    return tokenizer
   from seq2seq_jax.data.builders import load_split  # builders import tfds; keep this module light
   pairs = load_split(data_config, data_config.train_split)
   tokenizer = train_tokenizer_from_text(training_sentences(pairs), data_config.vocab_size,

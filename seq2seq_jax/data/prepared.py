@@ -1,0 +1,526 @@
+"""Token ids written once: ArrayRecord shards of (source, target) ids and an index of their lengths.
+
+A training start reads the index (a few bytes a pair) and plans its batches from
+it; batches then gather the ids of their rows straight from the shards. Nothing
+is tokenized again, on any host, at any restart.
+
+One prepared split is a folder
+``{data_dir}/ids/{corpus}/{source}-{target}/{split}/{key}``:
+
+================================ ==================================================
+file                             what it holds
+================================ ==================================================
+``ids-00000.array_record`` ...   one record per pair: the source ids, then the target
+                                 ids (EOS included), little-endian ``uint16`` for
+                                 vocabularies up to 65,536 ids, ``int32`` above;
+                                 ``group_size:1`` (the layout grain reads at random)
+``index.npy``                    int32 ``[N, 3]``: source length, target length, and
+                                 the pair's 0-based line in its split
+``meta.json``                    format, corpus, split, languages, tokenizer key,
+                                 dtype, records per shard, counts; written last, so
+                                 a folder without it was never finished
+================================ ==================================================
+
+``key`` is 16 hex digits of the sha256 of the tokenizer (its sentencepiece model,
+or a pretrained tokenizer's ``to_dict()``), the language codes it is given, and
+``FORMAT_VERSION``: another vocabulary gets another folder and is never read by
+mistake. ``corpus`` names the tfds dataset and its version (``multi30k`` and
+``parallel_text`` carry the content key of their files), or, for
+``DataConfig.train_files``, the files' names, sizes and modification times.
+
+Writers: ``prepare_ids`` writes in this process (shards of ``records_per_shard``
+pairs); ``seq2seq_jax.data.beam`` writes the same shards from an Apache Beam
+pipeline. Both go through ``encode_pairs``, ``write_shard`` and ``finalize``,
+so they write the same ids. A folder is written under a temporary name and
+renamed when complete; one writer per machine holds a file lock, and the hosts
+of a multi-host run that are not the writer wait for ``meta.json`` (and raise
+``PreparedDataError`` naming the folder after ``wait_s``).
+
+Readers check what they read: a shard that is missing, truncated or holds
+another number of records than the index, and a record whose size disagrees with
+the index, raise ``PreparedDataError`` naming the shard and the fix (delete the
+folder, prepare again); a wrong batch is never built from them.
+
+Example:
+  >>> from seq2seq_jax.data.builders import load_split
+  >>> from seq2seq_jax.data.tokenizer import train_tokenizer
+  >>> config = DataConfig(manual_dir="../shared/data/multi30k_tiny", vocab_size=500)
+  >>> tokenizer = train_tokenizer(config)  # prepares the corpus once
+  Downloading and preparing dataset ...
+  >>> ids = prepare_ids(config, tokenizer)  # the training split as ids, once
+  >>> len(ids), ids.meta["shard_sizes"]
+  (300, [300])
+  >>> sources, targets = ids.read([0])
+  >>> tokenizer.decode(sources[0]) == load_split(config, "train")[0][0]
+  True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import glob
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from seq2seq_jax.configs import DataConfig
+from seq2seq_jax.data import text_files
+from seq2seq_jax.data.text_files import DataError
+
+FORMAT_VERSION = 1
+RECORDS_PER_SHARD = 1_000_000
+# Random access: no read-ahead, no thread pool per reader (array_record's own advice).
+_READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+_WRITER_OPTIONS = "group_size:1"
+_CHUNK = 4096  # pairs tokenized per call
+
+_log = logging.getLogger(__name__)
+
+
+class PreparedDataError(DataError):
+  """Prepared ids that are missing, unfinished or damaged; the message names the folder or shard."""
+
+
+def languages(data_config: DataConfig, tokenizer: Any) -> tuple[str | None, str | None]:
+  """The language codes a multilingual tokenizer (M2M100, NLLB) is given; None for others."""
+  if getattr(tokenizer, "languages", ()):
+    return data_config.source_lang, data_config.target_lang
+  return None, None
+
+
+def encode_sources(tokenizer: Any, texts: Sequence[str],
+                   langs: tuple[str | None, str | None]) -> list[list[int]]:
+  """Source ids (EOS included); the target language goes along when there is one
+  (checkpoints that mark it in the source: multilingual OPUS-MT, MADLAD-400)."""
+  if langs[1] is None:
+    return tokenizer.encode_source(list(texts), langs[0])
+  return tokenizer.encode_source(list(texts), langs[0], target_lang=langs[1])
+
+
+def encode_pairs(tokenizer: Any, langs: tuple[str | None, str | None], sources: Sequence[str],
+                 targets: Sequence[str]) -> tuple[list[list[int]], list[list[int]]]:
+  """The model's source and target ids of each pair, as training feeds them."""
+  return encode_sources(tokenizer, sources, langs), tokenizer.encode_target(list(targets), langs[1])
+
+
+def tokenizer_key(tokenizer: Any, langs: tuple[str | None, str | None] = (None, None)) -> str:
+  """16 hex digits that change whenever the ids of any text could change."""
+  digest = hashlib.sha256(f"seq2seq_jax ids v{FORMAT_VERSION} {langs}\n".encode())
+  if hasattr(tokenizer, "to_dict"):
+    digest.update(json.dumps(tokenizer.to_dict(), sort_keys=True, default=str).encode())
+  else:
+    digest.update(tokenizer.to_bytes())
+  return digest.hexdigest()[:16]
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+  """``uint16`` where every id fits, else ``int32``."""
+  return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<i4")
+
+
+def _vocab_size(tokenizer: Any) -> int:
+  return max(int(tokenizer.vocab_size), int(getattr(tokenizer, "source_vocab_size", 0)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Where the text comes from: a tfds split or the user's own files.
+
+
+def train_file_shards(data_config: DataConfig) -> list[dict[str, pathlib.Path]]:
+  """``DataConfig.train_files`` matched: one ``{lang: path}`` per shard, sorted by name.
+
+  Raises:
+    DataError: nothing matches, or a shard of one language has no partner in the
+      other (both paths named).
+  """
+  return text_files.glob_aligned(data_config.train_files,
+                                 (data_config.source_lang, data_config.target_lang))
+
+
+def corpus_name(data_config: DataConfig, split: str) -> str:
+  """The ``corpus`` part of a prepared folder (see the module docstring)."""
+  if data_config.train_files and split == data_config.train_split:
+    listing = []
+    for shard in train_file_shards(data_config):
+      for lang, path in sorted(shard.items()):
+        stat = path.stat()
+        listing.append(f"{lang} {path.resolve()} {stat.st_size} {stat.st_mtime_ns}")
+    return "files/" + hashlib.sha256("\n".join(listing).encode()).hexdigest()[:12]
+  from seq2seq_jax.data import builders  # tfds is slow to import
+  builder = builders.get_builder(data_config)
+  config_name = builder.builder_config.name if builder.builder_config else "default"
+  return f"{builder.name}/{config_name}/{builder.version}"
+
+
+def text_pair_chunks(data_config: DataConfig, split: str, *, chunk: int = _CHUNK,
+                     counts: dict[str, int] | None = None
+                     ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
+  """The split's pairs in order, ``chunk`` at a time: ``(lines_C, sources, targets)``.
+
+  A pair with an empty (or blank) side is refused (``DataError`` naming the file and
+  line, or the split and pair) or, with ``DataConfig.empty_lines="drop"``, left out
+  and counted in ``counts["empty_dropped"]``; ``counts["lines"]`` is the number of
+  pairs read. ``lines_C`` are the 0-based lines (in the whole split) of the pairs kept.
+  """
+  counts = {} if counts is None else counts
+  counts.setdefault("lines", 0)
+  counts.setdefault("empty_dropped", 0)
+  drop = data_config.empty_lines == "drop"
+  if data_config.train_files and split == data_config.train_split:
+    langs = (data_config.source_lang, data_config.target_lang)
+    for shard in train_file_shards(data_config):
+      yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
+                                           counts=counts)
+    return
+  from seq2seq_jax.data import builders
+  pairs = builders.load_split(data_config, split)
+  for start in range(0, len(pairs), chunk):
+    batch = pairs.__getitems__(list(range(start, min(start + chunk, len(pairs)))))
+    keep = [i for i, (s, t) in enumerate(batch) if s.strip() and t.strip()]
+    counts["lines"] += len(batch)
+    if len(keep) < len(batch):
+      if not drop:
+        bad = min(set(range(len(batch))) - set(keep))
+        raise DataError(f"{pairs}: pair {start + bad} (0-based) has an empty side; set "
+                        "DataConfig.empty_lines='drop' to leave such pairs out (they are counted)")
+      counts["empty_dropped"] += len(batch) - len(keep)
+    yield (np.asarray(keep, np.int64) + start, [batch[i][0] for i in keep],
+           [batch[i][1] for i in keep])
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing.
+
+
+def write_shard(path: str | os.PathLike, sources: Sequence[Sequence[int]],
+                targets: Sequence[Sequence[int]], dtype: np.dtype) -> np.ndarray:
+  """Writes one ArrayRecord shard, a record per pair; returns int32 ``[R, 2]`` lengths."""
+  from array_record.python.array_record_module import ArrayRecordWriter
+  lengths = np.empty((len(sources), 2), np.int32)
+  writer = ArrayRecordWriter(os.fspath(path), _WRITER_OPTIONS)
+  try:
+    for r, (source, target) in enumerate(zip(sources, targets, strict=True)):
+      lengths[r] = len(source), len(target)
+      writer.write(np.asarray(list(source) + list(target), dtype).tobytes())
+  finally:
+    writer.close()
+  return lengths
+
+
+def shard_name(index: int) -> str:
+  return f"ids-{index:05d}.array_record"
+
+
+def finalize(directory: str | os.PathLike, *, shard_lengths: Sequence[np.ndarray],
+             shard_lines: Sequence[np.ndarray], meta: dict[str, Any]) -> None:
+  """Writes ``index.npy`` and then ``meta.json`` beside shards ``ids-00000...`` already written.
+
+  Args:
+    directory: the (temporary) folder holding the shards, in order.
+    shard_lengths: int ``[R_k, 2]`` (source, target lengths) of shard k's records.
+    shard_lines: int ``[R_k]`` 0-based split lines of shard k's pairs.
+    meta: corpus, split, languages, tokenizer key, dtype, ... (counts are added here).
+  """
+  directory = pathlib.Path(directory)
+  sizes = [len(lengths) for lengths in shard_lengths]
+  index_N3 = np.zeros((sum(sizes), 3), np.int32)
+  if sizes and sum(sizes):
+    index_N3[:, :2] = np.concatenate(shard_lengths)
+    lines = np.concatenate(shard_lines)
+    if lines.max(initial=0) >= 2**31:
+      raise DataError("more than 2**31 lines in one split: split the corpus into several")
+    index_N3[:, 2] = lines
+  np.save(directory / "index.npy", index_N3)
+  meta = dict(meta, format=FORMAT_VERSION, num_pairs=int(sum(sizes)), shard_sizes=sizes,
+              num_tokens=[int(index_N3[:, 0].sum()), int(index_N3[:, 1].sum())])
+  partial = directory / "meta.json.partial"
+  partial.write_text(json.dumps(meta, indent=1, sort_keys=True))
+  partial.replace(directory / "meta.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class IdsLocation:
+  """Where one split's ids live, and what they were made from."""
+
+  directory: pathlib.Path
+  corpus: str
+  split: str
+  key: str
+  langs: tuple[str | None, str | None]
+
+  def meta(self, tokenizer: Any, data_config: DataConfig) -> dict[str, Any]:
+    return {"corpus": self.corpus, "split": self.split, "source_lang": data_config.source_lang,
+            "target_lang": data_config.target_lang, "tokenizer_key": self.key,
+            "tokenizer": repr(tokenizer), "language_codes": list(self.langs),
+            "vocab_size": _vocab_size(tokenizer), "dtype": id_dtype(_vocab_size(tokenizer)).str}
+
+
+def ids_location(data_config: DataConfig, tokenizer: Any, split: str | None = None) -> IdsLocation:
+  """The folder of ``split``'s ids for this corpus and tokenizer (it may not exist yet)."""
+  from seq2seq_jax.data.builders import resolve_data_dir
+  split = split or data_config.train_split
+  langs = languages(data_config, tokenizer)
+  key = tokenizer_key(tokenizer, langs)
+  corpus = corpus_name(data_config, split)
+  directory = (pathlib.Path(resolve_data_dir(data_config)) / "ids" / corpus
+               / f"{data_config.source_lang}-{data_config.target_lang}" / split / key)
+  return IdsLocation(directory=directory, corpus=corpus, split=split, key=key, langs=langs)
+
+
+def _write_local(location: IdsLocation, data_config: DataConfig, tokenizer: Any, *,
+                 records_per_shard: int) -> None:
+  """Tokenizes the split in this process into a temporary folder, then renames it."""
+  dtype = id_dtype(_vocab_size(tokenizer))
+  temporary = location.directory.with_name(f"{location.directory.name}.partial-{os.getpid()}")
+  shutil.rmtree(temporary, ignore_errors=True)
+  temporary.mkdir(parents=True)
+  start = time.perf_counter()
+  shard_lengths: list[np.ndarray] = []
+  shard_lines: list[np.ndarray] = []
+  pending: tuple[list, list, list] = ([], [], [])
+  counts: dict[str, int] = {}
+
+  def flush():
+    sources, targets, lines = pending
+    shard_lengths.append(write_shard(temporary / shard_name(len(shard_lengths)), sources,
+                                     targets, dtype))
+    shard_lines.append(np.concatenate(lines) if lines else np.zeros(0, np.int64))
+    for part in pending:
+      part.clear()
+
+  for lines_C, sources, targets in text_pair_chunks(data_config, location.split, counts=counts):
+    source_ids, target_ids = encode_pairs(tokenizer, location.langs, sources, targets)
+    taken = 0
+    while taken < len(source_ids):
+      room = records_per_shard - len(pending[0])
+      pending[0].extend(source_ids[taken:taken + room])
+      pending[1].extend(target_ids[taken:taken + room])
+      pending[2].append(lines_C[taken:taken + room])
+      taken += room
+      if len(pending[0]) == records_per_shard:
+        flush()
+  if pending[0] or not shard_lengths:
+    flush()
+  meta = location.meta(tokenizer, data_config)
+  meta["records_per_shard"] = records_per_shard
+  meta.update(writer="local", lines_read=counts["lines"], empty_dropped=counts["empty_dropped"])
+  if counts["empty_dropped"]:
+    _log.warning("left out %d of %d pairs of %s:%s with an empty side (DataConfig.empty_lines="
+                 "'drop')", counts["empty_dropped"], counts["lines"], location.corpus,
+                 location.split)
+  finalize(temporary, shard_lengths=shard_lengths, shard_lines=shard_lines, meta=meta)
+  if location.directory.exists():  # an unfinished folder left by a crashed writer
+    shutil.rmtree(location.directory)
+  temporary.rename(location.directory)
+  total = sum(len(x) for x in shard_lengths)
+  _log.info("prepared %d pairs of %s:%s as ids in %s (%.1f s)", total, location.corpus,
+            location.split, location.directory, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a+") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_ids(data_config: DataConfig, tokenizer: Any, *, split: str | None = None,
+                writer: bool = True, wait_s: float = 3600.0,
+                records_per_shard: int = RECORDS_PER_SHARD) -> PreparedIds:
+  """The split's ids, tokenized and written first if no finished folder exists.
+
+  Args:
+    data_config: the corpus (``dataset`` / ``manual_dir`` / ``train_files``), languages,
+      ``data_dir`` and ``empty_lines``.
+    tokenizer: the run's tokenizer (its hash picks the folder).
+    split: defaults to ``data_config.train_split``.
+    writer: whether this process may write (in a multi-host run, process 0 only;
+      the others pass False and wait).
+    wait_s: how long a non-writer waits for the writer's ``meta.json``.
+    records_per_shard: pairs per ArrayRecord shard.
+
+  Raises:
+    PreparedDataError: a non-writer waited ``wait_s`` in vain (names the folder and
+      the command that prepares it), or the folder is damaged.
+    DataError: bad input text (file and line named).
+  """
+  location = ids_location(data_config, tokenizer, split)
+  meta_path = location.directory / "meta.json"
+  if not meta_path.exists():
+    if writer:
+      with _file_lock(location.directory.with_name(location.directory.name + ".lock")):
+        if not meta_path.exists():  # another local process may have finished it meanwhile
+          _write_local(location, data_config, tokenizer, records_per_shard=records_per_shard)
+    else:
+      deadline = time.monotonic() + wait_s
+      while not meta_path.exists():
+        if time.monotonic() > deadline:
+          raise PreparedDataError(
+              f"waited {wait_s:.0f} s for the token ids of {location.corpus}:{location.split} in "
+              f"{location.directory}, which the writing process (process 0) prepares: check its "
+              "log, or prepare them before the run with `seq2seq-jax prepare --tokenizer PATH` "
+              "(or the Beam pipeline, seq2seq_jax.data.beam)")
+        time.sleep(min(2.0, max(0.05, wait_s / 100)))
+  return PreparedIds.open(location.directory, expected_key=location.key)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading.
+
+
+class PreparedIds:
+  """Random access to one prepared split: lengths in memory, ids read from the shards on demand.
+
+  Picklable (grain worker processes reopen the shards); safe to read from many threads.
+
+  Attributes:
+    directory: the folder.
+    meta: ``meta.json``.
+    source_len_N, target_len_N: int32 ``[N]`` token counts (EOS included).
+    line_N: int32 ``[N]`` each pair's 0-based line in its split.
+  """
+
+  def __init__(self, directory: pathlib.Path, meta: dict[str, Any], index_N3: np.ndarray):
+    self.directory = directory
+    self.meta = meta
+    self.dtype = np.dtype(meta["dtype"])
+    self.source_len_N = np.ascontiguousarray(index_N3[:, 0])
+    self.target_len_N = np.ascontiguousarray(index_N3[:, 1])
+    self.line_N = np.ascontiguousarray(index_N3[:, 2])
+    sizes = np.asarray(meta["shard_sizes"], np.int64)
+    self._shard_starts = np.concatenate([[0], np.cumsum(sizes)])
+    self._local = threading.local()
+
+  @classmethod
+  def open(cls, directory: str | os.PathLike, *, expected_key: str | None = None) -> PreparedIds:
+    """Opens a finished folder (reads ``meta.json`` and ``index.npy``, not the shards)."""
+    directory = pathlib.Path(directory)
+    meta_path = directory / "meta.json"
+    if not meta_path.exists():
+      raise PreparedDataError(f"{directory} holds no finished token ids (no meta.json): prepare "
+                              "them with `seq2seq-jax prepare --tokenizer PATH`")
+    meta = json.loads(meta_path.read_text())
+    fix = f"delete {directory} and prepare it again (`seq2seq-jax prepare --tokenizer PATH`)"
+    if meta.get("format") != FORMAT_VERSION:
+      raise PreparedDataError(f"{meta_path}: format {meta.get('format')}, this version reads "
+                              f"{FORMAT_VERSION}: {fix}")
+    if expected_key is not None and meta.get("tokenizer_key") != expected_key:
+      raise PreparedDataError(f"{meta_path} was written with tokenizer {meta.get('tokenizer_key')},"
+                              f" not {expected_key}: {fix}")
+    try:
+      index_N3 = np.load(directory / "index.npy")
+    except (OSError, ValueError) as e:
+      raise PreparedDataError(f"{directory / 'index.npy'}: unreadable ({e}): {fix}") from e
+    if index_N3.shape != (meta["num_pairs"], 3):
+      raise PreparedDataError(f"{directory / 'index.npy'} has shape {index_N3.shape}, meta.json "
+                              f"says {meta['num_pairs']} pairs: {fix}")
+    return cls(directory, meta, index_N3)
+
+  def __len__(self) -> int:
+    return len(self.source_len_N)
+
+  def __repr__(self) -> str:
+    return (f"PreparedIds({self.meta['corpus']}:{self.meta['split']}, {len(self)} pairs, "
+            f"{len(self.meta['shard_sizes'])} shards)")
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    del state["_local"]
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._local = threading.local()
+
+  def _fix(self) -> str:
+    return f"delete {self.directory} and prepare it again (`seq2seq-jax prepare --tokenizer PATH`)"
+
+  def _reader(self, shard: int):
+    readers = self._local.__dict__.setdefault("readers", {})
+    if shard not in readers:
+      from array_record.python.array_record_module import ArrayRecordReader
+      path = self.directory / shard_name(shard)
+      if not path.exists():
+        raise PreparedDataError(f"{path} is missing: {self._fix()}")
+      try:
+        reader = ArrayRecordReader(os.fspath(path), _READER_OPTIONS)
+        count = reader.num_records()
+      except (RuntimeError, OSError, ValueError) as e:
+        raise PreparedDataError(f"{path} is damaged or truncated ({e}): {self._fix()}") from e
+      expected = self.meta["shard_sizes"][shard]
+      if count != expected:
+        raise PreparedDataError(f"{path} holds {count} records, the index says {expected}: "
+                                f"{self._fix()}")
+      readers[shard] = reader
+    return readers[shard]
+
+  def records(self, ids_R: Sequence[int] | np.ndarray) -> list[bytes]:
+    """The raw records of pairs ``ids_R`` in that order (source ids, then target ids)."""
+    ids_R = np.asarray(ids_R, np.int64)
+    if not len(ids_R):
+      return []
+    if ids_R.min() < 0 or ids_R.max() >= len(self):
+      raise IndexError(f"pair ids must be in [0, {len(self)})")
+    shard_R = np.searchsorted(self._shard_starts, ids_R, side="right") - 1
+    out: list[bytes] = [b""] * len(ids_R)
+    for shard in np.unique(shard_R).tolist():
+      rows = np.flatnonzero(shard_R == shard)
+      local = (ids_R[rows] - self._shard_starts[shard]).tolist()
+      try:
+        got = self._reader(shard).read(local)
+      except (RuntimeError, OSError) as e:
+        path = self.directory / shard_name(shard)
+        raise PreparedDataError(f"{path}: reading records failed ({e}): {self._fix()}") from e
+      for row, record in zip(rows.tolist(), got):
+        out[row] = record
+    return out
+
+  def flat(self, ids_R: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The ids of pairs ``ids_R`` laid end to end as int32: pair r's source, then its target.
+
+    Raises:
+      PreparedDataError: a record's size disagrees with the index (shard named).
+    """
+    ids_R = np.asarray(ids_R, np.int64)
+    records = self.records(ids_R)
+    want_R = (self.source_len_N[ids_R].astype(np.int64) + self.target_len_N[ids_R]) * self.dtype.itemsize
+    got_R = np.fromiter(map(len, records), np.int64, len(records))
+    if not np.array_equal(want_R, got_R):
+      bad = int(np.flatnonzero(want_R != got_R)[0])
+      shard = int(np.searchsorted(self._shard_starts, ids_R[bad], side="right") - 1)
+      raise PreparedDataError(
+          f"{self.directory / shard_name(shard)}: record {ids_R[bad] - self._shard_starts[shard]} "
+          f"holds {got_R[bad]} bytes, the index says {want_R[bad]}: {self._fix()}")
+    return np.frombuffer(b"".join(records), self.dtype).astype(np.int32)
+
+  def read(self, ids_R: Sequence[int] | np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Source and target ids (int32, EOS included) of each pair in ``ids_R``."""
+    ids_R = np.asarray(ids_R, np.int64)
+    flat = self.flat(ids_R)
+    sources, targets, offset = [], [], 0
+    for s, t in zip(self.source_len_N[ids_R].tolist(), self.target_len_N[ids_R].tolist()):
+      sources.append(flat[offset:offset + s])
+      targets.append(flat[offset + s:offset + s + t])
+      offset += s + t
+    return sources, targets
+
+
+def list_prepared(data_dir: str | os.PathLike) -> list[pathlib.Path]:
+  """Every finished ids folder under ``data_dir`` (for ``seq2seq-jax prepare --list``)."""
+  return sorted(pathlib.Path(p).parent for p in glob.glob(
+      os.path.join(os.fspath(data_dir), "ids", "**", "meta.json"), recursive=True))

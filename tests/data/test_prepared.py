@@ -1,0 +1,284 @@
+"""Token ids prepared once: what is written, that batches equal the text path's, and what is refused."""
+
+import dataclasses
+import gzip
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from seq2seq_jax.configs import DataConfig
+from seq2seq_jax.data import builders, pipeline, prepared, tokenizer as tokenizer_lib
+from seq2seq_jax.data.text_files import DataError
+
+pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
+
+
+@pytest.fixture
+def ids_config(tiny_config, tmp_path) -> DataConfig:
+  """The tiny corpus with its ids in a fresh data dir (the text stays in the session's)."""
+  builders.prepare_dataset(tiny_config)
+  return tiny_config
+
+
+def _with_data_dir(config, path) -> DataConfig:
+  return dataclasses.replace(config, data_dir=str(path))
+
+
+def test_ids_are_the_tokenizers_and_lengths_in_the_index(ids_config, tiny_tokenizer, tmp_path):
+  config = _with_data_dir(ids_config, tmp_path)
+  ids = prepared.prepare_ids(config, tiny_tokenizer, records_per_shard=70)  # 5 shards
+  pairs = builders.load_split(config, "train")
+  assert len(ids) == len(pairs) == 300 and ids.meta["shard_sizes"] == [70, 70, 70, 70, 20]
+  assert ids.meta["tokenizer_key"] == prepared.tokenizer_key(tiny_tokenizer)
+  assert ids.dtype == np.dtype("<u2")  # 500 ids fit 16 bits
+  order = np.random.default_rng(0).permutation(len(pairs))  # across shards, any order
+  sources, targets = ids.read(order)
+  for i, source, target in zip(order, sources, targets):
+    text_source, text_target = pairs[int(i)]
+    assert source.tolist() == tiny_tokenizer.encode_source([text_source])[0]
+    assert target.tolist() == tiny_tokenizer.encode_target([text_target])[0]
+    assert (len(source), len(target)) == (ids.source_len_N[i], ids.target_len_N[i])
+  np.testing.assert_array_equal(ids.line_N, np.arange(300))
+  # A second call finds the folder and writes nothing.
+  stamp = (ids.directory / "meta.json").stat().st_mtime_ns
+  again = prepared.prepare_ids(config, tiny_tokenizer)
+  assert again.directory == ids.directory
+  assert (ids.directory / "meta.json").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("too_long", ["filter", "truncate"])
+@pytest.mark.parametrize("shard", [(0, 1), (1, 2)])
+def test_batches_from_ids_equal_batches_from_text(ids_config, tiny_tokenizer, tmp_path, too_long,
+                                                  shard):
+  config = dataclasses.replace(_with_data_dir(ids_config, tmp_path), too_long=too_long)
+  prepared.prepare_ids(config, tiny_tokenizer, records_per_shard=64)
+  text_config = dataclasses.replace(config, tokenize_once=False)
+  kwargs = dict(seed=5, num_epochs=2, shard_index=shard[0], shard_count=shard[1])
+  from_text, text_stats = pipeline.make_train_dataset(text_config, tiny_tokenizer, **kwargs)
+  from_ids, ids_stats = pipeline.make_train_dataset(config, tiny_tokenizer, **kwargs)
+  assert text_stats == ids_stats and len(from_text) == len(from_ids) > 10
+  for i in range(len(from_text)):
+    expected, got = from_text[i], from_ids[i]
+    assert sorted(expected) == sorted(got)
+    for key in expected:
+      assert expected[key].dtype == got[key].dtype, key
+      np.testing.assert_array_equal(expected[key], got[key], err_msg=f"batch {i} {key}")
+
+
+def test_another_tokenizer_gets_another_folder_and_a_wrong_key_is_refused(
+    ids_config, tiny_tokenizer, tmp_path):
+  config = _with_data_dir(ids_config, tmp_path)
+  first = prepared.prepare_ids(config, tiny_tokenizer)
+  other = tokenizer_lib.train_tokenizer(dataclasses.replace(config, vocab_size=300))
+  second = prepared.prepare_ids(config, other)
+  assert first.directory != second.directory
+  assert first.directory.parent == second.directory.parent  # same corpus, split
+  # A folder whose meta names another tokenizer is never read as this one's.
+  meta = json.loads((second.directory / "meta.json").read_text())
+  meta["tokenizer_key"] = "0" * 16
+  (second.directory / "meta.json").write_text(json.dumps(meta))
+  with pytest.raises(prepared.PreparedDataError, match="written with tokenizer 0000"):
+    prepared.prepare_ids(config, other)
+
+
+def _damaged(config, tokenizer, tmp_path):
+  ids = prepared.prepare_ids(_with_data_dir(config, tmp_path), tokenizer, records_per_shard=100)
+  return ids, ids.directory / prepared.shard_name(1)
+
+
+def test_truncated_shard_is_named(ids_config, tiny_tokenizer, tmp_path):
+  ids, shard = _damaged(ids_config, tiny_tokenizer, tmp_path)
+  data = shard.read_bytes()
+  shard.write_bytes(data[:len(data) // 2])
+  reopened = prepared.PreparedIds.open(ids.directory)
+  reopened.read([0])  # shard 0 is whole
+  with pytest.raises(prepared.PreparedDataError, match=r"ids-00001\.array_record.*prepare it again"):
+    reopened.read([150])
+
+
+def test_shard_with_other_records_is_named(ids_config, tiny_tokenizer, tmp_path):
+  ids, shard = _damaged(ids_config, tiny_tokenizer, tmp_path)
+  # Same number of records, other contents: each record one id short.
+  sources, targets = ids.read(np.arange(100, 200))
+  prepared.write_shard(shard, sources, [t[:-1] for t in targets], ids.dtype)
+  with pytest.raises(prepared.PreparedDataError, match=r"ids-00001\.array_record: record 7 holds"):
+    prepared.PreparedIds.open(ids.directory).read([3, 107])
+  shard.unlink()
+  with pytest.raises(prepared.PreparedDataError, match=r"ids-00001\.array_record is missing"):
+    prepared.PreparedIds.open(ids.directory).read([150])
+
+
+def test_hosts_that_do_not_write_wait_then_name_the_folder(ids_config, tiny_tokenizer, tmp_path):
+  config = _with_data_dir(ids_config, tmp_path)
+  with pytest.raises(prepared.PreparedDataError, match=r"waited 0 s .*process 0.*seq2seq-jax "
+                                                        r"prepare"):
+    prepared.prepare_ids(config, tiny_tokenizer, writer=False, wait_s=0.2)
+  written = prepared.prepare_ids(config, tiny_tokenizer)
+  assert prepared.prepare_ids(config, tiny_tokenizer, writer=False, wait_s=0).directory == \
+      written.directory
+
+
+# ------------------------------------------------------------------------------ train_files
+
+
+def _write(path: pathlib.Path, lines: list[str], *, raw: bytes | None = None) -> None:
+  data = raw if raw is not None else "".join(line + "\n" for line in lines).encode()
+  path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+
+
+@pytest.fixture
+def sharded_files(multi30k_tiny, tmp_path):
+  """The tiny train split as 3 shards, the middle one gzipped."""
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  lines = {lang: (multi30k_tiny / f"train.{lang}").read_text().splitlines() for lang in ("de", "en")}
+  for k, (start, stop) in enumerate([(0, 120), (120, 200), (200, 300)]):
+    for lang in ("de", "en"):
+      _write(folder / f"train-{k}.{lang}{'.gz' if k == 1 else ''}", lines[lang][start:stop])
+  return folder, lines
+
+
+def test_train_files_give_the_same_ids_as_the_tfds_corpus(ids_config, tiny_tokenizer, tmp_path,
+                                                          sharded_files):
+  folder, _ = sharded_files
+  from_tfds = prepared.prepare_ids(_with_data_dir(ids_config, tmp_path / "a"), tiny_tokenizer)
+  config = dataclasses.replace(ids_config, data_dir=str(tmp_path / "b"),
+                               train_files=str(folder / "train-*.{lang}*"))
+  from_files = prepared.prepare_ids(config, tiny_tokenizer)
+  assert from_files.meta["corpus"].startswith("files/") and len(from_files) == 300
+  everything = np.arange(300)
+  np.testing.assert_array_equal(from_tfds.flat(everything), from_files.flat(everything))
+  np.testing.assert_array_equal(from_tfds.line_N, from_files.line_N)
+
+
+def test_train_files_bad_input_is_named(ids_config, tiny_tokenizer, tmp_path, sharded_files):
+  folder, lines = sharded_files
+  config = dataclasses.replace(_with_data_dir(ids_config, tmp_path),
+                               train_files=str(folder / "train-*.{lang}*"))
+
+  def prepare(**changes):
+    return prepared.prepare_ids(dataclasses.replace(config, **changes), tiny_tokenizer)
+
+  _write(folder / "train-2.en", lines["en"][200:299])  # one line short
+  with pytest.raises(DataError, match=r"train-2\.en ends after line 99, .*train-2\.de goes on"):
+    prepare()
+  _write(folder / "train-2.en", lines["en"][200:240] + [" "] + lines["en"][241:300])
+  with pytest.raises(DataError, match=r"train-2\.en: line 41 is empty.*empty_lines='drop'"):
+    prepare()
+  dropped = prepare(empty_lines="drop")
+  assert len(dropped) == 299 and dropped.meta["empty_dropped"] == 1
+  assert 240 not in dropped.line_N and dropped.line_N[-1] == 299  # lines of the split kept
+  _write(folder / "train-0.de", [], raw="\n".join(lines["de"][:120]).encode().replace(
+      lines["de"][4].encode(), b"Caf\xe9", 1))
+  with pytest.raises(DataError, match=r"train-0\.de: line 5, byte \d+: invalid UTF-8"):
+    prepare(data_dir=str(tmp_path / "c"))
+  (folder / "train-1.de.gz").unlink()
+  with pytest.raises(DataError, match=r"train-1\.en\.gz has no partner .*train-1\.de\.gz"):
+    prepare(data_dir=str(tmp_path / "d"))
+  with pytest.raises(DataError, match="matches no file"):
+    prepare(train_files=str(folder / "nothing-*.{lang}"))
+
+
+def test_a_tokenizer_trains_on_train_files(ids_config, tmp_path, sharded_files):
+  folder, _ = sharded_files
+  config = dataclasses.replace(ids_config, train_files=str(folder / "train-*.{lang}*"),
+                               vocab_size=300)
+  from_files = tokenizer_lib.train_tokenizer(config)
+  from_tfds = tokenizer_lib.train_tokenizer(dataclasses.replace(config, train_files=""))
+  assert from_files == from_tfds  # the same 300 pairs in the same order
+
+
+# ----------------------------------------------------------------------------------- packing
+
+
+def test_pack_rows_holds_every_pair_once_within_the_row():
+  rng = np.random.default_rng(0)
+  source = rng.integers(1, 40, 5000)
+  target = np.clip(source + rng.integers(-5, 6, 5000), 1, 40)
+  pairs, starts = pipeline.pack_rows(source, target, 64)
+  assert sorted(pairs.tolist()) == list(range(5000))
+  for r in range(len(starts) - 1):
+    row = pairs[starts[r]:starts[r + 1]]
+    assert len(row) and source[row].sum() <= 64 and target[row].sum() <= 64
+  padding = 1 - (source.sum() + target.sum()) / (2 * 64 * (len(starts) - 1))
+  assert padding < 0.05
+
+
+def test_packed_batches_hold_each_pair_once_with_segments(ids_config, tiny_tokenizer, tmp_path):
+  config = dataclasses.replace(_with_data_dir(ids_config, tmp_path), packing=True,
+                               too_long="truncate", batch_tokens=512)
+  dataset, stats = pipeline.make_train_dataset(config, tiny_tokenizer, seed=1, num_epochs=1)
+  ids = prepared.prepare_ids(config, tiny_tokenizer)
+  by_source = {}
+  sources, targets = ids.read(np.arange(len(ids)))
+  for i, (s, t) in enumerate(zip(sources, targets)):
+    limit = config.max_source_len
+    s = s if len(s) <= limit else np.r_[s[:limit - 1], s[-1:]]
+    t = t if len(t) <= limit else np.r_[t[:limit - 1], t[-1:]]
+    by_source.setdefault((tuple(s), tuple(t)), []).append(i)
+  seen, real = 0, 0
+  for i in range(len(dataset)):
+    batch = dataset[i]
+    assert "index" not in batch and batch["inputs"].shape == (16, 32)
+    for row in range(16):
+      segments = batch["inputs_segment_ids"][row]
+      assert (segments == 0).sum() == (batch["inputs"][row] == 0).sum()
+      for k in range(1, segments.max() + 1):
+        s_cols = np.flatnonzero(segments == k)
+        t_cols = np.flatnonzero(batch["targets_segment_ids"][row] == k)
+        assert len(t_cols)  # each segment has both sides
+        np.testing.assert_array_equal(batch["inputs_positions"][row, s_cols], np.arange(len(s_cols)))
+        np.testing.assert_array_equal(batch["targets_positions"][row, t_cols],
+                                      np.arange(len(t_cols)))
+        key = (tuple(batch["inputs"][row, s_cols]), tuple(batch["targets"][row, t_cols]))
+        assert by_source[key], "a pair appears more often than the corpus holds it"
+        by_source[key].pop()
+        seen += 1
+      real += int(segments.max() > 0)
+    assert batch["weights"].sum() == (batch["inputs_segment_ids"].max(axis=1) > 0).sum()
+  assert seen == 300 and not any(by_source.values())  # every pair exactly once
+  assert stats.padding_fraction == pytest.approx(
+      1 - stats.num_tokens / (len(dataset) * 16 * 32 * 2))
+
+
+def test_packed_rows_split_over_hosts(ids_config, tiny_tokenizer, tmp_path):
+  config = dataclasses.replace(_with_data_dir(ids_config, tmp_path), packing=True,
+                               too_long="truncate")
+  whole, _ = pipeline.make_train_dataset(config, tiny_tokenizer, seed=2, num_epochs=1)
+  halves = [pipeline.make_train_dataset(config, tiny_tokenizer, seed=2, num_epochs=1,
+                                        shard_index=h, shard_count=2)[0] for h in (0, 1)]
+  for i in range(len(whole)):
+    for key, value in whole[i].items():
+      np.testing.assert_array_equal(value, np.concatenate([halves[0][i][key], halves[1][i][key]]))
+
+
+# ----------------------------------------------------------------------------------- workers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_workers_give_the_same_batches_and_restore_mid_epoch_with_any_count(ids_config, tiny_tokenizer, tmp_path,
+                                                             packing):
+  config = dataclasses.replace(_with_data_dir(ids_config, tmp_path), packing=packing,
+                               too_long="truncate", batch_tokens=512)
+  prepared.prepare_ids(config, tiny_tokenizer)
+  reference = pipeline.make_train_iterator(config, tiny_tokenizer, seed=4)
+  expected = [next(reference) for _ in range(30)]  # over two epochs
+  for workers in (1, 3):
+    config_w = dataclasses.replace(config, num_workers=workers)
+    iterator = pipeline.make_train_iterator(config_w, tiny_tokenizer, seed=4)
+    got = [next(iterator) for _ in range(11)]
+    state = iterator.get_state()
+    del iterator
+    # The state holds the batch number alone: a run may resume with another worker count.
+    assert state == {"next_batch": 11}
+    other = dataclasses.replace(config, num_workers={1: 2, 3: 0}[workers])
+    restored = pipeline.make_train_iterator(other, tiny_tokenizer, seed=4)
+    restored.set_state(state)
+    got += [next(restored) for _ in range(19)]
+    for i, (want, have) in enumerate(zip(expected, got)):
+      for key in want:
+        np.testing.assert_array_equal(want[key], have[key], err_msg=f"{workers} workers, "
+                                                                    f"batch {i}, {key}")
