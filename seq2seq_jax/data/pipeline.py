@@ -87,6 +87,7 @@ import pathlib
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import grain
 import numpy as np
@@ -178,28 +179,23 @@ def _check_shard(data_config: DataConfig, shard_index: int, shard_count: int) ->
                      "an equal share of each batch; set it to the global device count")
 
 
-class _TrainBatchPlan(grain.MapDataset):
-  """Batch number -> ``(length L, example ids [B] with -1 for padding rows)``.
+class _EpochPlan(grain.MapDataset):
+  """Batch number -> plan item, epoch by epoch: each epoch planned from ``(seed, epoch)`` alone
+  (``plan_epoch``), the latest epoch's plan kept. Subclasses set ``batches_per_epoch``."""
 
-  Epoch ``e`` is planned from ``(seed, e)`` alone: shuffle each bucket's pairs, cut
-  them into batches of that bucket's rows, fill the last with -1, shuffle the batches.
-  """
+  batches_per_epoch: int
 
-  def __init__(self, *, example_ids_N: np.ndarray, bucket_index_N: np.ndarray,
-               bucket_lengths: Sequence[int], rows: Sequence[int], seed: int,
-               num_epochs: int | None):
+  def __init__(self, *, seed: int, num_epochs: int | None):
     super().__init__()
-    self._members = [example_ids_N[bucket_index_N == b] for b in range(len(bucket_lengths))]
-    self._lengths = tuple(bucket_lengths)
-    self._rows = tuple(rows)
     self._seed = seed
     self._num_epochs = num_epochs
-    self.batches_per_epoch = sum(-(-len(m) // r) for m, r in zip(self._members, self._rows))
+    self._cache: tuple[int, Any] | None = None
+    self._lock = threading.Lock()
+
+  def _check_not_empty(self) -> None:
     if not self.batches_per_epoch:
       raise DataError("no training pair is left after filtering: raise DataConfig.max_source_len "
                       "/ max_target_len or set too_long='truncate'")
-    self._cache: tuple[int, list] | None = None
-    self._lock = threading.Lock()
 
   def __len__(self) -> int:
     if self._num_epochs is None:
@@ -207,7 +203,8 @@ class _TrainBatchPlan(grain.MapDataset):
     return self._num_epochs * self.batches_per_epoch
 
   def __str__(self) -> str:
-    return f"_TrainBatchPlan(batches_per_epoch={self.batches_per_epoch}, seed={self._seed})"
+    return (f"{type(self).__name__}(batches_per_epoch={self.batches_per_epoch}, "
+            f"seed={self._seed})")
 
   def __getstate__(self):
     state = dict(self.__dict__)
@@ -218,6 +215,43 @@ class _TrainBatchPlan(grain.MapDataset):
   def __setstate__(self, state):
     self.__dict__.update(state)
     self._lock = threading.Lock()
+
+  def plan_epoch(self, epoch: int) -> Any:
+    raise NotImplementedError
+
+  def item(self, plan: Any, position: int):
+    """Batch ``position`` of an epoch's ``plan``."""
+    return plan[position]
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    if index < 0 or index >= len(self):
+      raise IndexError(f"batch {index} is outside [0, {len(self)})")
+    epoch, position = divmod(index, self.batches_per_epoch)
+    with self._lock:
+      if self._cache is None or self._cache[0] != epoch:
+        self._cache = (epoch, self.plan_epoch(epoch))
+      plan = self._cache[1]
+    return self.item(plan, position)
+
+
+class _TrainBatchPlan(_EpochPlan):
+  """Batch number -> ``(length L, example ids [B] with -1 for padding rows)``.
+
+  Epoch ``e`` is planned from ``(seed, e)`` alone: shuffle each bucket's pairs, cut
+  them into batches of that bucket's rows, fill the last with -1, shuffle the batches.
+  """
+
+  def __init__(self, *, example_ids_N: np.ndarray, bucket_index_N: np.ndarray,
+               bucket_lengths: Sequence[int], rows: Sequence[int], seed: int,
+               num_epochs: int | None):
+    super().__init__(seed=seed, num_epochs=num_epochs)
+    self._members = [example_ids_N[bucket_index_N == b] for b in range(len(bucket_lengths))]
+    self._lengths = tuple(bucket_lengths)
+    self._rows = tuple(rows)
+    self.batches_per_epoch = sum(-(-len(m) // r) for m, r in zip(self._members, self._rows))
+    self._check_not_empty()
 
   def plan_epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
     """Every batch of ``epoch`` in order: ``(length, example ids [B], -1 = padding)``."""
@@ -231,18 +265,6 @@ class _TrainBatchPlan(grain.MapDataset):
       padded[:len(shuffled)] = shuffled
       batches.extend((length, ids) for ids in padded.reshape(-1, rows))
     return [batches[i] for i in rng.permutation(len(batches))]
-
-  def __getitem__(self, index):
-    if isinstance(index, slice):
-      return self.slice(index)
-    if index < 0 or index >= len(self):
-      raise IndexError(f"batch {index} is outside [0, {len(self)})")
-    epoch, position = divmod(index, self.batches_per_epoch)
-    with self._lock:
-      if self._cache is None or self._cache[0] != epoch:
-        self._cache = (epoch, self.plan_epoch(epoch))
-      plan = self._cache[1]
-    return plan[position]
 
 
 class _MakeBatch:
@@ -283,8 +305,8 @@ class _MakeBatch:
             "weights": (ids_B >= 0).astype(np.float32)}
 
 
-class _PackedBatchPlan(grain.MapDataset):
-  """Batch number -> ``(length L, pair ids [P], row of each pair [P])``: packed rows.
+class _PackedBatchPlan(_EpochPlan):
+  """Batch number -> ``(length L, pair ids [P], row of each pair [P], rows B)``: packed rows.
 
   The kept pairs are packed once into rows of ``length`` tokens a side
   (``pack_rows``; the rows are kept beside the prepared ids for the next start).
@@ -299,58 +321,26 @@ class _PackedBatchPlan(grain.MapDataset):
   def __init__(self, *, example_ids_N: np.ndarray, source_len_N: np.ndarray,
                target_len_N: np.ndarray, length: int, rows: int, seed: int,
                num_epochs: int | None, cache_dir: str | os.PathLike | None = None):
-    super().__init__()
+    super().__init__(seed=seed, num_epochs=num_epochs)
     self.length, self.rows = length, rows
-    self._seed = seed
-    self._num_epochs = num_epochs
-    self._pairs, self._row_starts = _cached_pack_rows(
+    pairs, self._row_starts = _cached_pack_rows(
         source_len_N[example_ids_N], target_len_N[example_ids_N], length, cache_dir)
-    self._pairs = example_ids_N[self._pairs]
-    num_rows = len(self._row_starts) - 1
-    self.batches_per_epoch = -(-num_rows // rows)
-    self._cache: tuple[int, np.ndarray] | None = None
-    self._lock = threading.Lock()
-    if not self.batches_per_epoch:
-      raise DataError("no training pair is left after filtering: raise DataConfig.max_source_len "
-                      "/ max_target_len or set too_long='truncate'")
+    self._pairs = example_ids_N[pairs]
+    self.batches_per_epoch = -(-(len(self._row_starts) - 1) // rows)
+    self._check_not_empty()
 
-  def __len__(self) -> int:
-    if self._num_epochs is None:
-      return sys.maxsize
-    return self._num_epochs * self.batches_per_epoch
+  def plan_epoch(self, epoch: int) -> np.ndarray:
+    """The epoch's order of the rows."""
+    return np.random.default_rng([self._seed, epoch]).permutation(len(self._row_starts) - 1)
 
-  def __str__(self) -> str:
-    return (f"_PackedBatchPlan(rows_per_epoch={len(self._row_starts) - 1}, length={self.length}, "
-            f"seed={self._seed})")
-
-  def __getitem__(self, index):
-    if isinstance(index, slice):
-      return self.slice(index)
-    if index < 0 or index >= len(self):
-      raise IndexError(f"batch {index} is outside [0, {len(self)})")
-    epoch, position = divmod(index, self.batches_per_epoch)
-    with self._lock:
-      if self._cache is None or self._cache[0] != epoch:
-        num_rows = len(self._row_starts) - 1
-        self._cache = (epoch, np.random.default_rng([self._seed, epoch]).permutation(num_rows))
-      order = self._cache[1]
-    chosen = order[position * self.rows:(position + 1) * self.rows]
+  def item(self, plan: np.ndarray, position: int):
+    chosen = plan[position * self.rows:(position + 1) * self.rows]
     starts, stops = self._row_starts[chosen], self._row_starts[chosen + 1]
     sizes = stops - starts
     pair_rows = np.repeat(np.arange(len(chosen), dtype=np.int32), sizes)
     offsets = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     pairs = self._pairs[np.repeat(starts, sizes) + offsets]
     return self.length, pairs, pair_rows, self.rows
-
-  def __getstate__(self):
-    state = dict(self.__dict__)
-    state["_lock"] = None
-    state["_cache"] = None
-    return state
-
-  def __setstate__(self, state):
-    self.__dict__.update(state)
-    self._lock = threading.Lock()
 
 
 def pack_rows(source_len_P: np.ndarray, target_len_P: np.ndarray, length: int
