@@ -50,19 +50,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import jax
 import numpy as np
 
 from seq2seq_jax import allocator
 from seq2seq_jax import checkpoints as checkpoints_lib
-from seq2seq_jax import evaluation
 from seq2seq_jax.configs import ExperimentConfig
 from seq2seq_jax.training import optimizer as optimizer_lib
 from seq2seq_jax.training import schedules
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training import step as step_lib
+from seq2seq_jax.training import validation
 from seq2seq_jax.types import BOS_ID, EOS_ID, PAD_ID
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow-datasets",
@@ -126,7 +126,7 @@ def _git_commit() -> dict[str, Any] | None:
 
 
 def _versions() -> dict[str, str | None]:
-  versions = {"python": platform.python_version()}
+  versions: dict[str, str | None] = {"python": platform.python_version()}
   for name in _PACKAGES:
     try:
       versions[name] = importlib.metadata.version(name)
@@ -215,70 +215,6 @@ def _format_eta(seconds: float) -> str:
   return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-class _Validator:
-  """Validation loss over the eval batches and BLEU of greedy (or configured) translations."""
-
-  def __init__(self, config: ExperimentConfig, tokenizer, model, mesh, params):
-    from seq2seq_jax.data import pipeline  # the data stack loads tfds; import when training
-    self._config = config
-    self._tokenizer = tokenizer
-    self._model = model
-    self._mesh = mesh
-    self._batches = pipeline.make_eval_batches(config.data, tokenizer,
-                                               shard_index=jax.process_index(),
-                                               shard_count=jax.process_count())
-    self._references = pipeline.load_eval_text(config.data).references
-    self._eval_step = step_lib.make_eval_step(model, mesh=mesh, params=params)
-    # Decoded rows back where their sources were (generate's own output sharding
-    # may differ, e.g. under FSDP), so each host reads exactly its own rows.
-    self._to_rows = jax.jit(lambda x: x, out_shardings=step_lib.batch_sharding(mesh))
-
-  def __call__(self, params) -> dict[str, Any]:
-    from seq2seq_jax.decoding import generate
-    train = self._config.train
-    sums = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
-    limit_sentences = train.eval_bleu_sentences or len(self._references)
-    hypotheses: dict[int, str] = {}
-    for number, batch in enumerate(self._batches):
-      sharded = step_lib.shard_batch(batch, self._mesh)
-      if not train.eval_batches or number < train.eval_batches:
-        for key, value in jax.device_get(self._eval_step(params, sharded)).items():
-          sums[key] += float(value)
-      if len(hypotheses) < limit_sentences:
-        tokens_BT, _ = generate(self._model, params, sharded["inputs"], self._config.decode)
-        indices_B, tokens_BT = _gather_rows(
-            np.asarray(batch["index"]), sharding_lib.process_local_rows(self._to_rows(tokens_BT)))
-        texts = self._tokenizer.decode_batch(tokens_BT)
-        for index, text in zip(indices_B.tolist(), texts):
-          if index >= 0 and len(hypotheses) < limit_sentences:
-            hypotheses[index] = text
-      elif train.eval_batches and number >= train.eval_batches:
-        break
-    tokens = max(sums["tokens"], 1.0)
-    out = {"val_loss": sums["loss"] / tokens, "val_nll": sums["nll"] / tokens,
-           "val_ppl": evaluation.perplexity(sums["nll"], tokens),
-           "val_accuracy": sums["correct"] / tokens}
-    indices = sorted(hypotheses)
-    bleu = evaluation.corpus_bleu([hypotheses[i] for i in indices],
-                                  [self._references[i] for i in indices])
-    out.update(bleu=bleu.score, bleu_signature=bleu.signature, bleu_sentences=len(indices))
-    return out
-
-
-def _gather_rows(indices_B: np.ndarray, tokens_BT: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Every host's (sentence index, tokens) rows, on every host: BLEU sees the whole batch.
-
-  Each host decodes its own rows; all hosts then hold the same hypotheses and so
-  take the same decisions (how many batches to decode), which collectives need.
-  """
-  if jax.process_count() == 1:
-    return indices_B, tokens_BT
-  from jax.experimental import multihost_utils
-  rows = np.concatenate([indices_B[:, None].astype(tokens_BT.dtype), tokens_BT], axis=1)
-  rows = np.asarray(multihost_utils.process_allgather(rows, tiled=True))
-  return rows[:, 0].astype(np.int64), rows[:, 1:]
-
-
 def _compile_in_step(train_step, compiled_shapes: set, state, batch, rng) -> None:
   """Multi-process: compiles the step for a new batch shape, then waits for every host.
 
@@ -351,6 +287,233 @@ def _pretrained_start(config: ExperimentConfig):
   return checkpoint
 
 
+def _set_up_workdir(workdir: str | os.PathLike, *, restart: bool,
+                    log: Callable[..., None]) -> pathlib.Path:
+  """The run's folder, made ready on every host (the old run set aside if ``restart``)."""
+  workdir = pathlib.Path(workdir).expanduser().absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  if jax.default_backend() == "cpu" and allocator.should_reexec():
+    setting = " ".join(f"{k}={v}" for k, v in allocator.TUNED_MALLOC_ENV.items())
+    log("note: glibc's default malloc faults XLA's scratch memory in page by page at every "
+        f"step; starting Python with {setting} makes CPU steps faster (seq2seq_jax.allocator; "
+        "`seq2seq-jax train` does it)")
+  if restart and _is_writer():
+    _set_aside(workdir)
+  _barrier("seq2seq_jax: workdir ready")
+  return workdir
+
+
+def _refuse_another_run(config: ExperimentConfig, workdir: pathlib.Path,
+                        checkpointer: checkpoints_lib.Checkpointer,
+                        resume_step: int | None) -> None:
+  """Raises ``ConfigMismatchError`` if the checkpoint to resume holds another config."""
+  if resume_step is None:
+    return
+  differences = config_diff(checkpointer.load_config(resume_step), config)
+  if differences:
+    raise ConfigMismatchError(
+        f"{workdir} holds a run (checkpoint step {resume_step}) with another config:\n  "
+        + "\n  ".join(differences)
+        + "\nRerun with the saved config (workdir/config.json) to resume, pass restart=True "
+        "(--restart) to start over in this workdir, or use another workdir")
+
+
+_WINDOW_KEYS = ("loss", "nll", "accuracy", "grad_norm")
+
+
+class _Window:
+  """The steps since the last metrics line: the next line reports their means and speed."""
+
+  def __init__(self, first_step: int):
+    self.first_step = first_step
+    self.start = time.perf_counter()
+    self.values: dict[str, list[float]] = {key: [] for key in _WINDOW_KEYS}
+    self.tokens = 0.0
+
+  def add(self, metrics: dict[str, Any]) -> None:
+    for key in _WINDOW_KEYS:
+      self.values[key].append(float(metrics[key]))
+    self.tokens += float(metrics["tokens"])
+
+  def means(self, step: int, learning_rate: float) -> dict[str, Any]:
+    """The ``metrics.jsonl`` fields of a training line, in their order, up to ``step``."""
+    elapsed = max(time.perf_counter() - self.start, 1e-9)
+    count = step - self.first_step
+    mean = {key: float(np.mean(values)) for key, values in self.values.items()}
+    return {"step": step, "loss": mean["loss"], "log_every": count, "nll": mean["nll"],
+            "accuracy": mean["accuracy"], "grad_norm": mean["grad_norm"],
+            "learning_rate": learning_rate, "steps_per_sec": count / elapsed,
+            "tokens_per_sec": self.tokens / elapsed}
+
+
+class _Run:
+  """One session of ``train``: set-up (the constructor), restore, then step, evaluate, save.
+
+  ``train`` calls them in that order and decides when to log, evaluate and save;
+  the run holds what set-up built, the state, and the progress since the last line.
+  """
+
+  state: step_lib.TrainState  # from ``restore``, then from every ``take_step``
+  step: int  # updates done, ``state.step`` on the host
+  metrics_file: TextIO  # ``metrics.jsonl`` (process 0) or the null device, open after restore
+  last_train: dict[str, Any]  # the last training line
+  last_eval: dict[str, Any]  # the last validation metrics
+
+  def __init__(self, config: ExperimentConfig, workdir: pathlib.Path,
+               checkpointer: checkpoints_lib.Checkpointer, *, tokenizer,
+               state_sharding_fn: step_lib.StateShardingFn | None, log: Callable[..., None]):
+    """Set-up: checks the workdir's run, loads the tokenizer, builds the model and the data."""
+    from seq2seq_jax.data import pipeline  # the data stack loads tfds; import when training
+    train_config = config.train
+    self.config, self.workdir, self.checkpointer, self.log = config, workdir, checkpointer, log
+    self.resume_step = checkpointer.latest_step()
+    _refuse_another_run(config, workdir, checkpointer, self.resume_step)
+    self._pretrained = None
+    if train_config.init_from and self.resume_step is None:
+      self._pretrained = _pretrained_start(config)
+      tokenizer = tokenizer or self._pretrained.tokenizer
+    tokenizer = _load_tokenizer(config, workdir, checkpointer, self.resume_step, tokenizer)
+    self.tokenizer = tokenizer
+
+    sharding_lib.check_model_parallelism(config.model, train_config.model_parallelism)
+    self.mesh = sharding_lib.make_mesh(train_config.model_parallelism)
+    if state_sharding_fn is None:
+      state_sharding_fn = sharding_lib.state_sharding_fn(train_config.parameter_sharding)
+    self._state_sharding_fn = state_sharding_fn
+    dtype = None if train_config.compute_dtype == "float32" else train_config.compute_dtype
+    self.model = step_lib.build_model(config.model, compute_dtype=dtype)
+    self._schedule = schedules.make_schedule(train_config)
+    self._optimizer = optimizer_lib.make_optimizer(train_config, self._schedule)
+    self.iterator = pipeline.make_train_iterator(config.data, tokenizer,
+                                                 shard_index=jax.process_index(),
+                                                 shard_count=jax.process_count())
+    self._validator: validation.Validator | None = None
+    self._compiled_shapes: set = set()
+
+  def restore(self) -> None:
+    """Restore: the latest checkpoint's state and data position, or a new state; then the
+    session's record, the jitted step, and ``metrics_file`` open for appending."""
+    train_config = self.config.train
+    root_rng = jax.random.key(train_config.seed)
+    if self.resume_step is not None:
+      abstract = step_lib.abstract_train_state(self.model, self._optimizer, mesh=self.mesh,
+                                               state_sharding_fn=self._state_sharding_fn)
+      self.state = self.checkpointer.restore(abstract, step=self.resume_step,
+                                             data_iterator=self.iterator)
+      if _is_writer():
+        _trim_metrics(self.workdir / "metrics.jsonl", self.resume_step)
+      self.log(f"Resumed from checkpoint step {self.resume_step} in {self.checkpointer.directory}")
+    else:
+      self.state = step_lib.create_train_state(
+          self.model, self._optimizer, rng=jax.random.fold_in(root_rng, 0), mesh=self.mesh,
+          state_sharding_fn=self._state_sharding_fn,
+          params=None if self._pretrained is None else self._pretrained.params)
+      if self._pretrained is not None:
+        self.log(f"Starting from the parameters of {train_config.init_from}")
+    if _is_writer():
+      _record_session(self.workdir, self.config, self.resume_step, self.mesh)
+    self._dropout_rng = jax.random.fold_in(root_rng, 1)
+    self._train_step = step_lib.make_train_step(
+        self.model, self._optimizer, self._schedule, mesh=self.mesh, state=self.state,
+        label_smoothing=train_config.label_smoothing,
+        grad_accum_steps=train_config.grad_accum_steps)
+
+    self.step = int(jax.device_get(self.state.step))
+    self.last_train, self.last_eval = {}, {}
+    self._window = _Window(self.step)
+    self._session_start, self._session_first_step = time.perf_counter(), self.step
+    metrics_path = self.workdir / "metrics.jsonl"
+    if self.step >= train_config.num_steps and metrics_path.exists():
+      lines = metrics_path.read_text().splitlines()
+      self.last_train = json.loads(lines[-1]) if lines else {}  # a finished run: report its end
+      self.log(f"Nothing to do: the run already has {self.step} of {train_config.num_steps} "
+               "steps")
+    self.metrics_file = (open(metrics_path, "a", encoding="utf-8") if _is_writer()
+                         else open(os.devnull, "w", encoding="utf-8"))
+
+  def take_step(self, step_hook: StepHook | None) -> dict[str, Any]:
+    """Step: one update on the next batch; returns its metrics, on the host.
+
+    Raises:
+      NonFiniteLossError: the loss is NaN or infinite; nothing is saved.
+    """
+    batch = next(self.iterator)
+    if step_hook is not None:
+      self.state = step_hook(self.step + 1, self.state) or self.state
+    sharded = step_lib.shard_batch(batch, self.mesh)
+    if jax.process_count() > 1:
+      _compile_in_step(self._train_step, self._compiled_shapes, self.state, sharded,
+                       self._dropout_rng)
+    self.state, metrics = self._train_step(self.state, sharded, self._dropout_rng)
+    metrics = jax.device_get(metrics)
+    loss = float(metrics["loss"])
+    if not math.isfinite(loss):
+      good = self.checkpointer.latest_step()
+      raise NonFiniteLossError(
+          f"non-finite training loss ({loss}) at step {self.step + 1}; stopped without saving. "
+          f"The last good checkpoint is step {good} in {self.checkpointer.directory}. Lower "
+          "train.learning_rate, raise train.warmup_steps, set train.clip_norm, or use "
+          "float32 compute")
+    self.step += 1
+    self._window.add(metrics)
+    return metrics
+
+  def evaluation_due(self) -> bool:
+    """At every ``eval_every`` steps, and at the last step."""
+    every, num_steps = self.config.train.eval_every, self.config.train.num_steps
+    return bool(every and self.step % every == 0) or self.step == num_steps
+
+  def window_means(self, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The training line of the steps since the last one (``metrics``: the last step's)."""
+    self.last_train = self._window.means(self.step, float(metrics["learning_rate"]))
+    return dict(self.last_train)
+
+  def evaluate(self) -> dict[str, Any]:
+    """Evaluate: validation loss and BLEU of the current parameters, and the seconds taken."""
+    if self._validator is None:
+      self._validator = validation.Validator(self.config, self.tokenizer, self.model, self.mesh,
+                                             self.state.params)
+    _barrier("validation")
+    eval_start = time.perf_counter()
+    self.last_eval = self._validator(self.state.params)
+    return {**self.last_eval, "eval_seconds": time.perf_counter() - eval_start}
+
+  def write(self, record: dict[str, Any], *, evaluated: bool) -> None:
+    """Appends ``record`` to ``metrics.jsonl``, logs the progress line, starts a new window."""
+    self.metrics_file.write(json.dumps(record) + "\n")
+    self.metrics_file.flush()
+    num_steps = self.config.train.num_steps
+    session_rate = (self.step - self._session_first_step) / max(
+        time.perf_counter() - self._session_start, 1e-9)
+    eta = (num_steps - self.step) / max(session_rate, 1e-9)
+    last = self.last_train
+    line = (f"step {self.step}/{num_steps} | {last['steps_per_sec']:.2f} steps/s | "
+            f"{last['tokens_per_sec']:,.0f} tokens/s | loss {last['loss']:.4f}"
+            f" | lr {last['learning_rate']:.3g} | ETA {_format_eta(eta)}")
+    if evaluated:
+      line += (f" | val_loss {self.last_eval['val_loss']:.4f} | BLEU {self.last_eval['bleu']:.2f}")
+    self.log(line)
+    self._window = _Window(self.step)
+
+  def save(self, *, evaluated: bool) -> None:
+    """Save: a checkpoint of the state, tokenizer and data position (with BLEU if ``evaluated``)."""
+    metrics = ({"bleu": self.last_eval["bleu"], "val_loss": self.last_eval["val_loss"]}
+               if evaluated else None)
+    self.checkpointer.save(self.state, config=self.config, tokenizer=self.tokenizer,
+                           data_iterator=self.iterator, metrics=metrics)
+
+  def result(self, *, interrupted: bool) -> TrainResult:
+    """What the session did, once its checkpoints are written."""
+    self.checkpointer.wait_until_finished()
+    best_step = self.checkpointer.best_step()
+    best_bleu = None
+    if best_step is not None:
+      best_bleu = self.checkpointer.load_meta(best_step)["metrics"].get("bleu")
+    return TrainResult(step=self.step, interrupted=interrupted, resumed_from=self.resume_step,
+                       metrics={**self.last_train, **self.last_eval}, best_bleu=best_bleu,
+                       best_step=best_step, workdir=str(self.workdir))
+
+
 def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool = False,
           tokenizer=None, progress: bool = True, step_hook: StepHook | None = None,
           state_sharding_fn: step_lib.StateShardingFn | None = None) -> TrainResult:
@@ -389,164 +552,28 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
   """
   if not isinstance(config, ExperimentConfig):
     raise TypeError(f"config must be an ExperimentConfig; got {type(config).__name__}")
-  train_config = config.train
-  workdir = pathlib.Path(workdir).expanduser().absolute()
-  workdir.mkdir(parents=True, exist_ok=True)
   log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
-
-  if jax.default_backend() == "cpu" and allocator.should_reexec():
-    setting = " ".join(f"{k}={v}" for k, v in allocator.TUNED_MALLOC_ENV.items())
-    log("note: glibc's default malloc faults XLA's scratch memory in page by page at every "
-        f"step; starting Python with {setting} makes CPU steps faster (seq2seq_jax.allocator; "
-        "`seq2seq-jax train` does it)")
-  if restart and _is_writer():
-    _set_aside(workdir)
-  _barrier("seq2seq_jax: workdir ready")
-  checkpointer = checkpoints_lib.Checkpointer(workdir / "checkpoints",
-                                              keep=train_config.keep_checkpoints)
-  try:
-    resume_step = checkpointer.latest_step()
-    if resume_step is not None:
-      differences = config_diff(checkpointer.load_config(resume_step), config)
-      if differences:
-        raise ConfigMismatchError(
-            f"{workdir} holds a run (checkpoint step {resume_step}) with another config:\n  "
-            + "\n  ".join(differences)
-            + "\nRerun with the saved config (workdir/config.json) to resume, pass restart=True "
-            "(--restart) to start over in this workdir, or use another workdir")
-    start = None
-    if train_config.init_from and resume_step is None:
-      start = _pretrained_start(config)
-      tokenizer = tokenizer or start.tokenizer
-    tokenizer = _load_tokenizer(config, workdir, checkpointer, resume_step, tokenizer)
-
-    sharding_lib.check_model_parallelism(config.model, train_config.model_parallelism)
-    mesh = sharding_lib.make_mesh(train_config.model_parallelism)
-    if state_sharding_fn is None:
-      state_sharding_fn = sharding_lib.state_sharding_fn(train_config.parameter_sharding)
-    dtype = None if train_config.compute_dtype == "float32" else train_config.compute_dtype
-    model = step_lib.build_model(config.model, compute_dtype=dtype)
-    schedule = schedules.make_schedule(train_config)
-    optimizer = optimizer_lib.make_optimizer(train_config, schedule)
-
-    from seq2seq_jax.data import pipeline
-    iterator = pipeline.make_train_iterator(config.data, tokenizer,
-                                            shard_index=jax.process_index(),
-                                            shard_count=jax.process_count())
-    root_rng = jax.random.key(train_config.seed)
-    if resume_step is not None:
-      abstract = step_lib.abstract_train_state(model, optimizer, mesh=mesh,
-                                               state_sharding_fn=state_sharding_fn)
-      state = checkpointer.restore(abstract, step=resume_step, data_iterator=iterator)
-      if _is_writer():
-        _trim_metrics(workdir / "metrics.jsonl", resume_step)
-      log(f"Resumed from checkpoint step {resume_step} in {checkpointer.directory}")
-    else:
-      state = step_lib.create_train_state(model, optimizer, rng=jax.random.fold_in(root_rng, 0),
-                                          mesh=mesh, state_sharding_fn=state_sharding_fn,
-                                          params=None if start is None else start.params)
-      if start is not None:
-        log(f"Starting from the parameters of {train_config.init_from}")
-    if _is_writer():
-      _record_session(workdir, config, resume_step, mesh)
-    dropout_rng = jax.random.fold_in(root_rng, 1)
-    train_step = step_lib.make_train_step(
-        model, optimizer, schedule, mesh=mesh, state=state,
-        label_smoothing=train_config.label_smoothing,
-        grad_accum_steps=train_config.grad_accum_steps)
-    validator = None
-    compiled_shapes: set = set()
-
-    step = int(jax.device_get(state.step))
-    num_steps = train_config.num_steps
+  workdir = _set_up_workdir(workdir, restart=restart, log=log)
+  with checkpoints_lib.Checkpointer(workdir / "checkpoints",
+                                    keep=config.train.keep_checkpoints) as checkpointer:
+    run = _Run(config, workdir, checkpointer, tokenizer=tokenizer,
+               state_sharding_fn=state_sharding_fn, log=log)
+    run.restore()
     interrupted = False
-    last_train: dict[str, Any] = {}
-    last_eval: dict[str, Any] = {}
-    window = {"loss": [], "nll": [], "accuracy": [], "grad_norm": [], "tokens": 0.0}
-    window_start = time.perf_counter()
-    window_first_step = step
-    session_start, session_first_step = time.perf_counter(), step
-    if step >= num_steps and (workdir / "metrics.jsonl").exists():
-      lines = (workdir / "metrics.jsonl").read_text().splitlines()
-      last_train = json.loads(lines[-1]) if lines else {}  # a finished run: report its end
-      log(f"Nothing to do: the run already has {step} of {num_steps} steps")
-    metrics_file = (open(workdir / "metrics.jsonl", "a", encoding="utf-8") if _is_writer()
-                    else open(os.devnull, "w", encoding="utf-8"))
-
-    with _Interrupt() as interrupt, metrics_file:
-      while step < num_steps:
-        batch = next(iterator)
-        if step_hook is not None:
-          state = step_hook(step + 1, state) or state
-        sharded = step_lib.shard_batch(batch, mesh)
-        if jax.process_count() > 1:
-          _compile_in_step(train_step, compiled_shapes, state, sharded, dropout_rng)
-        state, metrics = train_step(state, sharded, dropout_rng)
-        metrics = jax.device_get(metrics)
-        loss = float(metrics["loss"])
-        if not math.isfinite(loss):
-          good = checkpointer.latest_step()
-          raise NonFiniteLossError(
-              f"non-finite training loss ({loss}) at step {step + 1}; stopped without saving. "
-              f"The last good checkpoint is step {good} in {checkpointer.directory}. Lower "
-              "train.learning_rate, raise train.warmup_steps, set train.clip_norm, or use "
-              "float32 compute")
-        step += 1
-        for key in ("loss", "nll", "accuracy", "grad_norm"):
-          window[key].append(float(metrics[key]))
-        window["tokens"] += float(metrics["tokens"])
-
-        is_eval = (train_config.eval_every and step % train_config.eval_every == 0) or (
-            step == num_steps)
-        stop = interrupt.requested
-        if step % train_config.log_every == 0 or is_eval or stop or step == num_steps:
-          elapsed = max(time.perf_counter() - window_start, 1e-9)
-          count = step - window_first_step
-          last_train = {
-              "step": step, "loss": float(np.mean(window["loss"])), "log_every": count,
-              "nll": float(np.mean(window["nll"])),
-              "accuracy": float(np.mean(window["accuracy"])),
-              "grad_norm": float(np.mean(window["grad_norm"])),
-              "learning_rate": float(metrics["learning_rate"]),
-              "steps_per_sec": count / elapsed, "tokens_per_sec": window["tokens"] / elapsed}
-          record = dict(last_train)
-          if is_eval:
-            if validator is None:
-              validator = _Validator(config, tokenizer, model, mesh, state.params)
-            _barrier("validation")
-            eval_start = time.perf_counter()
-            last_eval = validator(state.params)
-            record.update(last_eval, eval_seconds=time.perf_counter() - eval_start)
-          metrics_file.write(json.dumps(record) + "\n")
-          metrics_file.flush()
-          session_rate = (step - session_first_step) / max(
-              time.perf_counter() - session_start, 1e-9)
-          eta = (num_steps - step) / max(session_rate, 1e-9)
-          line = (f"step {step}/{num_steps} | {last_train['steps_per_sec']:.2f} steps/s | "
-                  f"{last_train['tokens_per_sec']:,.0f} tokens/s | loss {last_train['loss']:.4f}"
-                  f" | lr {last_train['learning_rate']:.3g} | ETA {_format_eta(eta)}")
-          if is_eval:
-            line += (f" | val_loss {last_eval['val_loss']:.4f} | BLEU {last_eval['bleu']:.2f}")
-          log(line)
-          window = {"loss": [], "nll": [], "accuracy": [], "grad_norm": [], "tokens": 0.0}
-          window_first_step, window_start = step, time.perf_counter()
-
-        if (step % train_config.checkpoint_every == 0 or is_eval or stop or step == num_steps):
-          checkpointer.save(state, config=config, tokenizer=tokenizer, data_iterator=iterator,
-                            metrics={"bleu": last_eval["bleu"], "val_loss": last_eval["val_loss"]}
-                            if is_eval else None)
-        if stop:
-          interrupted = True
-          log(f"Interrupted: saved checkpoint step {step} in {checkpointer.directory}; rerun "
-              "the same command to resume")
+    with _Interrupt() as interrupt, run.metrics_file:
+      while run.step < config.train.num_steps:
+        metrics = run.take_step(step_hook)
+        interrupted = interrupt.requested
+        evaluate = run.evaluation_due()
+        if evaluate or interrupted or run.step % config.train.log_every == 0:
+          record = run.window_means(metrics)  # timed before the validation
+          if evaluate:
+            record.update(run.evaluate())
+          run.write(record, evaluated=evaluate)
+        if evaluate or interrupted or run.step % config.train.checkpoint_every == 0:
+          run.save(evaluated=evaluate)
+        if interrupted:
+          log(f"Interrupted: saved checkpoint step {run.step} in {checkpointer.directory}; "
+              "rerun the same command to resume")
           break
-    checkpointer.wait_until_finished()
-    best_step = checkpointer.best_step()
-    best_bleu = None
-    if best_step is not None:
-      best_bleu = checkpointer.load_meta(best_step)["metrics"].get("bleu")
-    return TrainResult(step=step, interrupted=interrupted, resumed_from=resume_step,
-                       metrics={**last_train, **last_eval}, best_bleu=best_bleu,
-                       best_step=best_step, workdir=str(workdir))
-  finally:
-    checkpointer.close()
+    return run.result(interrupted=interrupted)
