@@ -560,6 +560,7 @@ class TrainConfig:
 
 # ExperimentConfig.to_dict writes the model's kind under this key; from_dict reads it back.
 _MODEL_KINDS = {"transformer": TransformerConfig, "rnn": RNNConfig, "t5": T5Config}
+_PACKING_KINDS = ("transformer", "t5")  # the model kinds that take packed rows (data.packing)
 
 
 def _section_from_dict(cls: type, values: Any, where: str):
@@ -591,6 +592,8 @@ class ExperimentConfig:
   back with ``from_dict``, which names any unknown field. The model section
   carries its kind (``"transformer"``, ``"t5"`` or ``"rnn"``) under the key ``"kind"``;
   a model section without one is a Transformer's (configs written before the key).
+  ``data.packing`` needs a Transformer (not with ``attention_impl="cudnn"``) or a T5
+  whose ``max_len`` holds the packed rows (the largest bucket); an RNN refuses it.
 
   Example:
     >>> config = ExperimentConfig(model=TransformerConfig(vocab_size=500, model_dim=32,
@@ -617,6 +620,27 @@ class ExperimentConfig:
       _fail(self, "model.max_len", self.model.max_len,
             f"must be >= data.max_source_len / max_target_len ({longest}); raise model.max_len "
             "or lower the data limits")
+    if self.data.packing:
+      self._check_packing()
+
+  def _check_packing(self) -> None:
+    """Packed rows need a model that keeps pairs apart by segment ids, and rows it accepts."""
+    kind = self.model_kind
+    if kind not in _PACKING_KINDS:
+      _fail(self, "data.packing", True,
+            f"the {kind!r} model ({type(self.model).__name__}) cannot train on packed rows: a "
+            "recurrence carries one pair's state into the next; packing is for "
+            f"{' and '.join(map(repr, _PACKING_KINDS))} models; set data.packing=False")
+    if getattr(self.model, "attention_impl", None) == "cudnn":
+      _fail(self, "data.packing", True,
+            f"the {kind!r} model with attention_impl='cudnn' cannot train on packed rows (the "
+            "segment mask through the cuDNN fused kernel is not verified); set "
+            "model.attention_impl='xla' or 'einsum', or data.packing=False")
+    row = self.data.bucket_lengths[-1]
+    if self.model.max_len < row:
+      _fail(self, "model.max_len", self.model.max_len,
+            f"must be >= the packed row length, the largest of data.bucket_lengths ({row}); "
+            "raise model.max_len or lower the largest bucket")
 
   @property
   def model_kind(self) -> str:

@@ -34,6 +34,7 @@ from seq2seq_jax.decoding.generation import decode_length
 from seq2seq_jax.decoding.step import log_softmax
 from seq2seq_jax.layers.attention import cache_reads_in_one_block
 from seq2seq_jax.layers.partitioning import activation_sharding
+from seq2seq_jax.models.base import PACKING_KEYS
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training import step as step_lib
 from seq2seq_jax.training.optimizer import make_optimizer
@@ -90,6 +91,12 @@ def longest_bucket(config: ExperimentConfig) -> int:
   return min(b for b in data.bucket_lengths if b >= longest)
 
 
+def train_length(config: ExperimentConfig) -> int:
+  """The padded length of the longest training rows: with ``data.packing`` every row has
+  the largest bucket's length (several pairs a row), else ``longest_bucket``."""
+  return config.data.bucket_lengths[-1] if config.data.packing else longest_bucket(config)
+
+
 def row_unit(config: ExperimentConfig, mesh: Mesh, program: str) -> int:
   """Batch rows come in multiples of this: the data axis, ``batch_multiple``, microbatches."""
   unit = math.lcm(mesh.shape["data"], config.data.batch_multiple)
@@ -124,10 +131,16 @@ def _model(config: ExperimentConfig, model: nn.Module | None, program: str) -> n
 
 def train_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | None = None,
                   length: int | None = None, model: nn.Module | None = None) -> Program:
-  """One optimizer update (``make_train_step``), the state sharded as ``config.train`` says."""
+  """One optimizer update (``make_train_step``), the state sharded as ``config.train`` says.
+
+  With ``data.packing`` the batch is packed as the input pipeline builds it: rows of
+  the largest bucket (``train_length``) with the four packing keys
+  (``models.base.PACKING_KEYS``) beside inputs and targets, and ``settings`` says
+  ``packing: True``.
+  """
   train = config.train
   sharding_lib.check_model_parallelism(config.model, train.model_parallelism)
-  length = length or longest_bucket(config)
+  length = length or train_length(config)
   rows = rows or default_rows(config, mesh, "train", length)
   _check_rows(rows, row_unit(config, mesh, "train"), "train")
   model = _model(config, model, "train")
@@ -140,10 +153,13 @@ def train_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | None = No
                                     label_smoothing=train.label_smoothing,
                                     grad_accum_steps=train.grad_accum_steps)
   batch = {"inputs": _rows_spec(mesh, rows, length), "targets": _rows_spec(mesh, rows, length)}
+  if config.data.packing:
+    batch.update({key: _rows_spec(mesh, rows, length) for key in PACKING_KEYS})
   return Program("train", jitted, (state, batch, _key(mesh)), rows, length, length, {
       "parameter_sharding": train.parameter_sharding,
       "model_parallelism": train.model_parallelism,
-      "grad_accum_steps": train.grad_accum_steps, "compute_dtype": train.compute_dtype})
+      "grad_accum_steps": train.grad_accum_steps, "compute_dtype": train.compute_dtype,
+      "packing": config.data.packing})
 
 
 def eval_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | None = None,

@@ -10,6 +10,11 @@ the chip's bfloat16 peak and bytes over its HBM bandwidth (``targets.CHIPS``), a
 the implied MFU is FLOPs over that time and the peak: a roofline, an optimistic
 bound rather than a prediction.
 
+A packed training program (``data.packing``) has rows of the largest bucket, every
+slot of which the compiler costs; how many slots hold real tokens depends on the
+corpus, which a compile never sees. The report assumes ``ASSUMED_PACKING_FILL``
+(measured on one corpus, see there) and says so.
+
 XLA's cost analysis counts the body of a loop once. A decoding loop's steps are
 therefore costed by compiling one step without loops (``programs.decode_step``);
 a report whose program still holds loops says so (``loops_counted_once``), and
@@ -36,6 +41,16 @@ from seq2seq_jax.aot.targets import Target, parse_target, target_mesh
 from seq2seq_jax.configs import ExperimentConfig
 
 GiB = 2 ** 30
+
+# The share of a packed row's token slots that hold real tokens, assumed by the reports of
+# packed training programs (a compile has no data). Measured on 2026-11-28: the input
+# pipeline's packer (``data.pipeline.pack_rows``) on Multi30k de-en train (29,000 pairs, a
+# sentencepiece vocabulary of 8,000, 16.2 + 15.7 tokens a pair with EOS) fills 92.7 % of the
+# slots of rows of 64 tokens a side (87.7 % at 32, 94.7 % at 128); the default buckets
+# (8 ... 64) fill 77.0 % of theirs, before the padding of each bucket's last batch. Another
+# corpus fills otherwise: a run's ``TrainStats.padding_fraction`` is its own measure.
+ASSUMED_PACKING_FILL = 0.93
+BUCKETING_FILL_MEASURED = 0.77  # the same corpus bucketed, for the comparison in the table
 
 
 @dataclasses.dataclass
@@ -70,6 +85,10 @@ class CompileReport:
   message: str = ""
   decode_step: dict[str, Any] | None = None
   max_batch_probes: list[dict[str, Any]] | None = None
+  packing: bool = False  # a packed training batch: rows of the largest bucket, several pairs each
+  # Packed: tokens_per_step (slots) x ASSUMED_PACKING_FILL, an assumption, not a measurement.
+  assumed_fill: float | None = None
+  estimated_real_tokens_per_step: float | None = None
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -170,11 +189,15 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   """
   start = time.perf_counter()
   arguments = _shard_bytes(program.args)
+  packing = bool(program.settings.get("packing", False))
   common = dict(target=target.name, chip=target.chip.name, chips=target.chips,
                 program=program.name, model=model_name, rows=program.rows,
                 source_len=program.source_len, target_len=program.target_len,
                 tokens_per_step=program.tokens_per_step, settings=dict(program.settings),
-                hbm_bytes_per_chip=target.chip.hbm_bytes)
+                hbm_bytes_per_chip=target.chip.hbm_bytes, packing=packing,
+                assumed_fill=ASSUMED_PACKING_FILL if packing else None,
+                estimated_real_tokens_per_step=(program.tokens_per_step * ASSUMED_PACKING_FILL
+                                                if packing else None))
   lowered = program.jitted.lower(*program.args)
   try:
     with _not_in_persistent_cache():
@@ -332,8 +355,8 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
     return report
 
   if start_rows is None:
-    built_length = length or (programs_lib.longest_bucket(config) if program in ("train", "eval")
-                              else None)
+    built_length = length or (programs_lib.train_length(config) if program == "train" else
+                              programs_lib.longest_bucket(config) if program == "eval" else None)
     start_rows = (programs_lib.default_rows(config, mesh, program, built_length)
                   if built_length else programs_lib.default_rows(config, mesh, program, 1))
   rows = max(unit, start_rows // unit * unit)
@@ -416,11 +439,24 @@ def format_table(reports: Sequence[CompileReport]) -> str:
     if r.loops_counted_once:
       out.append(f"{r.program} on {r.target}: the program has loops; XLA counts each loop body "
                  "once, so its FLOPs, bytes and estimate cover one trip")
+    if r.packing and r.estimated_real_tokens_per_step is not None:
+      out.append(packing_note(r))
   out.append("Per chip. Compiler-derived estimates (the XLA compiler's memory and cost analysis "
              "against published chip figures), not measurements. est. ms: max(FLOPs / peak, "
              "bytes accessed / bandwidth); HBM GB and HBM ms: the same with the bytes that "
              "cross the HBM bus, read off the compiled program (seq2seq_jax.aot.hlo)")
   return "\n".join(out)
+
+
+def packing_note(report: CompileReport) -> str:
+  """One line on a packed training program: its token slots and the real tokens they
+  would hold at the assumed fill, against bucketing's fill on the same corpus."""
+  return (f"{report.program} on {report.target}: packed rows (data.packing) of "
+          f"{report.source_len}+{report.target_len}: {report.tokens_per_step:,} token slots a "
+          f"step; ~{report.estimated_real_tokens_per_step:,.0f} real tokens assuming "
+          f"{report.assumed_fill:.0%} of slots filled (ASSUMED_PACKING_FILL: measured on "
+          f"Multi30k de-en, 8,000 pieces, rows of 64, not on this run's data), where the "
+          f"default buckets filled {BUCKETING_FILL_MEASURED:.0%} of theirs")
 
 
 def fit_summary(config: ExperimentConfig, programs: Sequence[str] = ("train",),

@@ -38,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--batch", type=int, default=None, metavar="ROWS",
                       help="global batch rows (default: the run's own batch)")
   parser.add_argument("--length", type=int, default=None, metavar="TOKENS",
-                      help="padded sequence length (default: the longest training bucket; "
-                           "generate and score: the source limit)")
+                      help="padded sequence length (default: the longest training bucket, "
+                           "with data.packing the largest bucket; generate and score: the "
+                           "source limit)")
   parser.add_argument("--max-batch", action="store_true",
                       help="also find the largest batch that fits, by bisection over compiles")
   parser.add_argument("--json", default=None, metavar="FILE",

@@ -72,6 +72,39 @@ def make_causal_mask(tokens_BT: Array) -> Array:
   return jnp.broadcast_to(causal_TT[None, None], (batch, 1, length, length))
 
 
+def make_segment_mask(query_segment_ids_BT: Array, key_segment_ids_BS: Array) -> Array:
+  """Mask of packed rows: a query attends only to keys of its own segment.
+
+  Packed rows hold several sequences one after the other, numbered 1, 2, ... by
+  their segment ids, with 0 on the padding after the last one. Self attention
+  passes the same ids twice; cross attention passes the targets' and the sources'
+  ids (target segment k reads source segment k). A key of segment 0 (padding) is
+  attended by no query, so a padded query's row has no allowed key and comes out
+  uniform (finite), as with ``make_padding_mask``.
+
+  Args:
+    query_segment_ids_BT: int segment ids of the attending sequence.
+    key_segment_ids_BS: int segment ids of the attended sequence.
+
+  Returns:
+    bool ``[B, 1, T, S]``.
+
+  Example:
+    >>> ids = jnp.array([[1, 1, 2, 0]])
+    >>> make_segment_mask(ids, ids)[0, 0].astype(int)
+    Array([[1, 1, 0, 0],
+           [1, 1, 0, 0],
+           [0, 0, 1, 0],
+           [0, 0, 0, 0]], dtype=int32)
+  """
+  if query_segment_ids_BT.ndim != 2 or key_segment_ids_BS.ndim != 2 or (
+      query_segment_ids_BT.shape[0] != key_segment_ids_BS.shape[0]):
+    raise ValueError(f"segment ids are [B, T] and [B, S] with the same B; got "
+                     f"{query_segment_ids_BT.shape} and {key_segment_ids_BS.shape}")
+  same_BTS = query_segment_ids_BT[:, :, None] == key_segment_ids_BS[:, None, :]
+  return jnp.logical_and(same_BTS, (key_segment_ids_BS != 0)[:, None, :])[:, None]
+
+
 def combine_masks(*masks: Array | None) -> Array | None:
   """Logical AND of the masks that are not None (they must broadcast); None if all are."""
   present = [m for m in masks if m is not None]
@@ -114,7 +147,10 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
     return_weights: also return the attention weights.
     implementation: None or "einsum" for the einsums here; "xla" or "cudnn" route
       to ``jax.nn.dot_product_attention`` (fused kernels) when no dropout and no
-      weights are needed, and fall back to the einsums otherwise.
+      weights are needed, and fall back to the einsums otherwise. "xla" applies
+      any boolean mask as given (a packed row's segment mask included, tested
+      against the einsums); the models refuse packed rows with "cudnn", whose
+      fused kernel's handling of such a mask is not verified here.
 
   Returns:
     ``out_BTHK``, or ``(out_BTHK, weights_BHTS)`` with ``return_weights=True``.

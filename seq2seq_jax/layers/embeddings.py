@@ -219,12 +219,23 @@ class PositionEmbedding(nn.Module):
       self.table = jnp.asarray(position_table(self.kind, self.max_len, self.dim,
                                               self.table_offset))
 
-  def __call__(self, x_BTD: Array, offset: Array | int = 0) -> Array:
-    """``x + P[offset : offset + T]``.
+  def __call__(self, x_BTD: Array, offset: Array | int = 0, *,
+               positions_BT: Array | None = None) -> Array:
+    """``x + P[offset : offset + T]``, or ``x + P[positions_BT]`` when positions are given.
+
+    ``positions_BT``: int ``[B, T]``, the position of every token (packed rows
+    restart at 0 in each segment); ``offset`` must then be 0. A position outside
+    the table gives NaN vectors (``jnp.take``'s fill), never another row.
 
     Raises ValueError when a static length exceeds ``max_len``; a traced offset
     past the table is caught by the caller (decode_step poisons the logits).
     """
+    if positions_BT is not None:
+      if positions_BT.shape != x_BTD.shape[:2] or not (isinstance(offset, int) and offset == 0):
+        raise ValueError(f"positions_BT {positions_BT.shape} must be [B, T] of x_BTD "
+                         f"{x_BTD.shape}, with no offset")
+      positions_BTD = jnp.take(self.table, positions_BT, axis=0, mode="fill")
+      return x_BTD + positions_BTD.astype(x_BTD.dtype)
     length = x_BTD.shape[1]
     if length > self.max_len:
       raise ValueError(f"sequence of length {length} exceeds the position table "

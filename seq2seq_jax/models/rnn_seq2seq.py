@@ -155,10 +155,26 @@ class RNNSeq2Seq(nn.Module):
       self.output = nn.Dense(cfg.vocab_size, dtype=dtype, name="output")
     self.dropout = Dropout(cfg.dropout_rate)
 
-  def __call__(self, inputs_BS: Array, targets_BT: Array, *, deterministic: bool = True,
-               return_attention: bool = False):
+  def __call__(self, inputs_BS: Array, targets_BT: Array, *,
+               inputs_segment_ids: Array | None = None, inputs_positions: Array | None = None,
+               targets_segment_ids: Array | None = None, targets_positions: Array | None = None,
+               deterministic: bool = True, return_attention: bool = False):
     """``decode(encode(inputs_BS), targets_BT)``: float32 logits ``[B, T, V]``
-    (and ``{"cross": [B, T, S]}`` with ``return_attention`` and attention on)."""
+    (and ``{"cross": [B, T, S]}`` with ``return_attention`` and attention on).
+
+    The packing arrays exist so that a packed batch fails here by name: a recurrence
+    runs through a whole row, so pairs packed in one row would read each other;
+    anything but None raises ``ValueError``.
+    """
+    given = [name for name, value in (("inputs_segment_ids", inputs_segment_ids),
+                                      ("inputs_positions", inputs_positions),
+                                      ("targets_segment_ids", targets_segment_ids),
+                                      ("targets_positions", targets_positions))
+             if value is not None]
+    if given:
+      raise ValueError(f"RNNSeq2Seq cannot train on packed rows (data.packing; got "
+                       f"{', '.join(given)}): its recurrence would carry one pair's state into "
+                       "the next; set data.packing=False for RNN models")
     memory = self.encode(inputs_BS, deterministic=deterministic)
     return self.decode(memory, targets_BT, deterministic=deterministic,
                        return_attention=return_attention)

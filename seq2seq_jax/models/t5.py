@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from seq2seq_jax.configs import T5Config, compute_dtype
 from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
-                                          make_padding_mask)
+                                          make_padding_mask, make_segment_mask)
 from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import TokenEmbedding, VocabProjection
 from seq2seq_jax.layers.feedforward import FeedForward
@@ -38,7 +38,7 @@ from seq2seq_jax.layers.normalization import RMSNorm
 from seq2seq_jax.layers.partitioning import (BATCH, EMBED, HEADS, KV, LENGTH, VOCAB,
                                              constrain)
 from seq2seq_jax.layers.relative_position import RelativePositionBias
-from seq2seq_jax.models.base import check_decode_len, shift_right
+from seq2seq_jax.models.base import check_decode_len, check_packing, shift_right
 from seq2seq_jax.types import Array, PyTree
 
 
@@ -77,10 +77,10 @@ class T5EncoderLayer(nn.Module):
     self.feed_forward_norm = _norm(c)
     self.dropout = Dropout(c.dropout_rate)
 
-  def __call__(self, x_BSD: Array, mask_B11S: Array, bias_1HSS: Array, *, deterministic: bool):
-    """Returns ``(x_BSD, weights_BHSS)``."""
+  def __call__(self, x_BSD: Array, mask_B1SS: Array, bias_1HSS: Array, *, deterministic: bool):
+    """Returns ``(x_BSD, weights_BHSS)``; ``mask_B1SS`` may be ``[B, 1, 1, S]`` (padding only)."""
     h_BSD = self.self_norm(x_BSD)
-    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B11S, bias=bias_1HSS,
+    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B1SS, bias=bias_1HSS,
                                               deterministic=deterministic, return_weights=True)
     x_BSD = x_BSD + self.dropout(h_BSD, deterministic=deterministic)
     h_BSD = self.feed_forward(self.feed_forward_norm(x_BSD), deterministic=deterministic)
@@ -113,15 +113,18 @@ class T5DecoderLayer(nn.Module):
     return y_BTD + self.dropout(h_BTD, deterministic=deterministic)
 
   def __call__(self, y_BTD: Array, causal_B1TT: Array, bias_1HTT: Array, cross_k_BHKS: Array,
-               cross_v_BHKS: Array, cross_mask_B11S: Array, *, deterministic: bool):
-    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``."""
+               cross_v_BHKS: Array, cross_mask_B1TS: Array, *, deterministic: bool):
+    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``.
+
+    ``cross_mask_B1TS`` may be ``[B, 1, 1, S]`` (the source's padding only).
+    """
     h_BTD = self.self_norm(y_BTD)
     h_BTD, self_BHTT = self.self_attention(h_BTD, h_BTD, causal_B1TT, bias=bias_1HTT,
                                            deterministic=deterministic, return_weights=True)
     y_BTD = y_BTD + self.dropout(h_BTD, deterministic=deterministic)
     to_BSHK = lambda x: jnp.transpose(x, (0, 3, 1, 2))
     h_BTD, cross_BHTS = self.cross_attention.attend(
-        self.cross_norm(y_BTD), to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B11S,
+        self.cross_norm(y_BTD), to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B1TS,
         deterministic=deterministic, return_weights=True)
     y_BTD = y_BTD + self.dropout(h_BTD, deterministic=deterministic)
     return self._feed_forward(y_BTD, deterministic), self_BHTT, cross_BHTS
@@ -146,6 +149,14 @@ class T5(nn.Module):
   array per decoder layer. The cache (from ``init_cache``) holds ``index`` and
   ``self_attention``, a ``KVCache`` [B, L, T, H, K]; a decoding step adds its row of
   the decoder's position bias to the scores against every cached position.
+
+  Packed rows (training and evaluation only) as the Transformer's: attention within
+  a segment, target segment k reading source segment k, each target segment
+  starting from the decoder start id; the memory then holds ``source_segment_ids``.
+  The relative position bias stays the one of the row's columns (as t5x's): a
+  segment's tokens lie side by side, so the offset of two of its tokens, key minus
+  query, is the same counted in columns or in positions that restart at 0, and
+  offsets across segments are masked. The positions are checked and otherwise unused.
   """
 
   config: T5Config
@@ -176,26 +187,34 @@ class T5(nn.Module):
       raise ValueError(f"{what} has length {tokens.shape[1]} > T5Config.max_len="
                        f"{self.config.max_len}; truncate it or raise max_len")
 
-  def encode(self, inputs_BS: Array, *, deterministic: bool = True,
+  def encode(self, inputs_BS: Array, *, segment_ids: Array | None = None,
+             positions: Array | None = None, deterministic: bool = True,
              return_attention: bool = False):
     """Encodes source ids (``config.pad_id`` after each row) into the memory dict.
 
-    With ``return_attention`` returns ``(memory, weights_LBHSS)``.
+    ``segment_ids`` and ``positions`` (int ``[B, S]``, both or neither): packed
+    rows, see the class docstring. With ``return_attention`` returns
+    ``(memory, weights_LBHSS)``.
     """
     self._check_tokens(inputs_BS, "inputs")
-    mask_B11S = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
+    check_packing(inputs_BS, segment_ids, positions, "inputs")
+    mask_B1SS = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
+    if segment_ids is not None:  # packed (check_packing: positions too)
+      mask_B1SS = jnp.logical_and(mask_B1SS, make_segment_mask(segment_ids, segment_ids))
     length = inputs_BS.shape[1]
     bias_1HSS = self.encoder_position_bias(length, length)
     x_BSD = _rows(self.dropout(self.embedding(inputs_BS), deterministic=deterministic))
     weights = []
     for layer in self.encoder_layers:
-      x_BSD, weights_BHSS = layer(x_BSD, mask_B11S, bias_1HSS, deterministic=deterministic)
+      x_BSD, weights_BHSS = layer(x_BSD, mask_B1SS, bias_1HSS, deterministic=deterministic)
       x_BSD = _rows(x_BSD)
       weights.append(weights_BHSS)
     x_BSD = self.dropout(self.encoder_norm(x_BSD), deterministic=deterministic)
     keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
     memory = {"encoded": x_BSD, "source_valid": inputs_BS != self.config.pad_id,
               "cross_key": tuple(keys), "cross_value": tuple(values)}
+    if segment_ids is not None:
+      memory["source_segment_ids"] = segment_ids
     if return_attention:
       return memory, jnp.stack(weights)
     return memory
@@ -208,27 +227,39 @@ class T5(nn.Module):
       return self.embedding.attend(y_BTD)
     return self.output_projection(y_BTD)
 
-  def decode(self, memory: PyTree, targets_BT: Array, *, deterministic: bool = True,
+  def decode(self, memory: PyTree, targets_BT: Array, *, segment_ids: Array | None = None,
+             positions: Array | None = None, deterministic: bool = True,
              return_attention: bool = False):
     """Teacher-forced decoding: float32 logits ``[B, T, V]`` predicting ``targets_BT``.
 
-    The decoder reads ``shift_right(targets_BT, config.decoder_start_id)``. With
+    The decoder reads ``shift_right(targets_BT, config.decoder_start_id)``.
+    ``segment_ids`` and ``positions`` (int ``[B, T]``, both or neither): packed
+    rows, with a memory encoded from packed inputs (see the class docstring). With
     ``return_attention`` returns ``(logits, {"decoder_self": [L, B, H, T, T],
     "cross": [L, B, H, T, S]})``.
     """
     self._check_tokens(targets_BT, "targets")
-    decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id)
-    length = targets_BT.shape[1]
+    packed = check_packing(targets_BT, segment_ids, positions, "targets")
+    if packed != ("source_segment_ids" in memory):
+      raise ValueError("packed targets need a memory encoded from packed inputs, and packed "
+                       "inputs packed targets: pass segment ids and positions to both or neither")
+    decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id,
+                                    segment_ids_BT=segment_ids)
     causal_B1TT = make_causal_mask(decoder_inputs_BT)
+    cross_mask_B1TS = memory["source_valid"][:, None, None, :]
+    if segment_ids is not None:
+      causal_B1TT = jnp.logical_and(causal_B1TT, make_segment_mask(segment_ids, segment_ids))
+      cross_mask_B1TS = jnp.logical_and(
+          cross_mask_B1TS, make_segment_mask(segment_ids, memory["source_segment_ids"]))
+    length = targets_BT.shape[1]
     bias_1HTT = self.decoder_position_bias(length, length)
-    cross_mask_B11S = memory["source_valid"][:, None, None, :]
     y_BTD = self.embedding(decoder_inputs_BT)
     y_BTD = _rows(self.dropout(y_BTD, deterministic=deterministic))
     self_weights, cross_weights = [], []
     for i, layer in enumerate(self.decoder_layers):
       y_BTD, self_BHTT, cross_BHTS = layer(
           y_BTD, causal_B1TT, bias_1HTT, memory["cross_key"][i], memory["cross_value"][i],
-          cross_mask_B11S, deterministic=deterministic)
+          cross_mask_B1TS, deterministic=deterministic)
       y_BTD = _rows(y_BTD)
       self_weights.append(self_BHTT)
       cross_weights.append(cross_BHTS)
@@ -238,16 +269,25 @@ class T5(nn.Module):
                           "cross": jnp.stack(cross_weights)}
     return logits_BTV
 
-  def __call__(self, inputs_BS: Array, targets_BT: Array, *, deterministic: bool = True,
-               return_attention: bool = False):
-    """``decode(encode(inputs), targets)``: logits [B, T, V], or ``(logits, attention)``."""
+  def __call__(self, inputs_BS: Array, targets_BT: Array, *,
+               inputs_segment_ids: Array | None = None, inputs_positions: Array | None = None,
+               targets_segment_ids: Array | None = None, targets_positions: Array | None = None,
+               deterministic: bool = True, return_attention: bool = False):
+    """``decode(encode(inputs), targets)``: logits [B, T, V], or ``(logits, attention)``.
+
+    The four packing arrays are a packed batch's keys of the same names (all or none;
+    see the class docstring and ``Transformer.__call__``).
+    """
+    memory = self.encode(inputs_BS, segment_ids=inputs_segment_ids, positions=inputs_positions,
+                         deterministic=deterministic, return_attention=return_attention)
+    if return_attention:
+      memory, encoder_self = memory
+    result = self.decode(memory, targets_BT, segment_ids=targets_segment_ids,
+                         positions=targets_positions, deterministic=deterministic,
+                         return_attention=return_attention)
     if not return_attention:
-      memory = self.encode(inputs_BS, deterministic=deterministic)
-      return self.decode(memory, targets_BT, deterministic=deterministic)
-    memory, encoder_self = self.encode(inputs_BS, deterministic=deterministic,
-                                       return_attention=True)
-    logits_BTV, attention = self.decode(memory, targets_BT, deterministic=deterministic,
-                                        return_attention=True)
+      return result
+    logits_BTV, attention = result
     return logits_BTV, {"encoder_self": encoder_self, **attention}
 
   def init_cache(self, memory: PyTree, max_decode_len: int) -> dict[str, Any]:

@@ -28,13 +28,13 @@ import jax.numpy as jnp
 
 from seq2seq_jax.configs import StackShape, TransformerConfig, compute_dtype
 from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
-                                          make_padding_mask)
+                                          make_padding_mask, make_segment_mask)
 from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding, VocabProjection
 from seq2seq_jax.layers.feedforward import FeedForward
 from seq2seq_jax.layers.partitioning import (BATCH, EMBED, HEADS, KV, LENGTH, VOCAB,
                                              constrain)
-from seq2seq_jax.models.base import check_decode_len, shift_right
+from seq2seq_jax.models.base import check_decode_len, check_packing, shift_right
 from seq2seq_jax.types import Array, PyTree
 
 
@@ -82,10 +82,10 @@ class EncoderLayer(nn.Module):
     self.attention_residual = _Residual(c)
     self.feed_forward_residual = _Residual(c)
 
-  def __call__(self, x_BSD: Array, mask_B11S: Array, *, deterministic: bool):
-    """Returns ``(x_BSD, weights_BHSS)``."""
+  def __call__(self, x_BSD: Array, mask_B1SS: Array, *, deterministic: bool):
+    """Returns ``(x_BSD, weights_BHSS)``; ``mask_B1SS`` may be ``[B, 1, 1, S]`` (padding only)."""
     h_BSD = self.attention_residual.before(x_BSD)
-    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B11S, deterministic=deterministic,
+    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B1SS, deterministic=deterministic,
                                               return_weights=True)
     x_BSD = self.attention_residual.after(x_BSD, h_BSD, deterministic)
     h_BSD = self.feed_forward(self.feed_forward_residual.before(x_BSD), deterministic=deterministic)
@@ -121,8 +121,11 @@ class DecoderLayer(nn.Module):
     return self.feed_forward_residual.after(y_BTD, h_BTD, deterministic)
 
   def __call__(self, y_BTD: Array, causal_B1TT: Array, cross_k_BHKS: Array, cross_v_BHKS: Array,
-               cross_mask_B11S: Array, *, deterministic: bool):
-    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``."""
+               cross_mask_B1TS: Array, *, deterministic: bool):
+    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``.
+
+    ``cross_mask_B1TS`` may be ``[B, 1, 1, S]`` (the source's padding only).
+    """
     h_BTD = self.self_residual.before(y_BTD)
     h_BTD, self_BHTT = self.self_attention(h_BTD, h_BTD, causal_B1TT, deterministic=deterministic,
                                            return_weights=True)
@@ -130,7 +133,7 @@ class DecoderLayer(nn.Module):
     h_BTD = self.cross_residual.before(y_BTD)
     to_BSHK = lambda x: jnp.transpose(x, (0, 3, 1, 2))
     h_BTD, cross_BHTS = self.cross_attention.attend(
-        h_BTD, to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B11S,
+        h_BTD, to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B1TS,
         deterministic=deterministic, return_weights=True)
     y_BTD = self.cross_residual.after(y_BTD, h_BTD, deterministic)
     return self._feed_forward(y_BTD, deterministic), self_BHTT, cross_BHTS
@@ -162,6 +165,16 @@ class Transformer(nn.Module):
   ``init_cache``) holds ``index`` (int32 scalar, the next position) and
   ``self_attention``, a ``KVCache`` of the decoder's self-attention keys and values
   [B, L, T, H, K] that beam search reorders by its slot table, not by copying.
+
+  Packed rows (training and evaluation only; ``DataConfig.packing``): each row holds
+  several pairs, numbered by segment ids (1, 2, ...; 0 on padding) with positions
+  restarting at 0 in each. Given them, attention stays within a segment (the
+  decoder's also causal), target segment k reads only source segment k, position
+  vectors are looked up from the positions, and each target segment starts from
+  the decoder start id; the memory then also holds ``source_segment_ids`` [B, S].
+  A pair's logits are those of the pair alone, up to float rounding.
+  ``attention_impl="cudnn"`` refuses packed rows (the fused kernel's handling of
+  the segment mask is not verified); "xla" and "einsum" honour it.
   """
 
   config: TransformerConfig
@@ -202,21 +215,37 @@ class Transformer(nn.Module):
       raise ValueError(f"{what} has length {tokens.shape[1]} > TransformerConfig.max_len="
                        f"{self.config.max_len}; truncate it or raise max_len")
 
-  def encode(self, inputs_BS: Array, *, deterministic: bool = True,
+  def _check_packing(self, tokens: Array, segment_ids: Array | None, positions: Array | None,
+                     what: str) -> bool:
+    packed = check_packing(tokens, segment_ids, positions, what)
+    if packed and self.config.attention_impl == "cudnn":
+      raise ValueError("TransformerConfig.attention_impl='cudnn' cannot take packed rows "
+                       "(data.packing): the segment mask through the cuDNN fused kernel is not "
+                       "verified, and a dropped one would silently attend across pairs; use "
+                       "attention_impl='xla' or 'einsum' with packing, or turn packing off")
+    return packed
+
+  def encode(self, inputs_BS: Array, *, segment_ids: Array | None = None,
+             positions: Array | None = None, deterministic: bool = True,
              return_attention: bool = False):
     """Encodes source ids (``config.pad_id`` after each row) into the memory dict (see the class docstring).
 
-    With ``return_attention`` returns ``(memory, weights_LBHSS)``.
+    ``segment_ids`` and ``positions`` (int ``[B, S]``, both or neither): packed
+    rows, see the class docstring. With ``return_attention`` returns
+    ``(memory, weights_LBHSS)``.
     """
     self._check_tokens(inputs_BS, "inputs")
-    mask_B11S = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
-    x_BSD = self.source_positions(self.source_embedding(inputs_BS))
+    self._check_packing(inputs_BS, segment_ids, positions, "inputs")
+    mask_B1SS = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
+    if segment_ids is not None:  # packed (check_packing: positions too)
+      mask_B1SS = jnp.logical_and(mask_B1SS, make_segment_mask(segment_ids, segment_ids))
+    x_BSD = self.source_positions(self.source_embedding(inputs_BS), positions_BT=positions)
     if self.config.embedding_norm:
       x_BSD = self.encoder_embedding_norm(x_BSD)
     x_BSD = _rows(self.dropout(x_BSD, deterministic=deterministic))
     weights = []
     for layer in self.encoder_layers:
-      x_BSD, weights_BHSS = layer(x_BSD, mask_B11S, deterministic=deterministic)
+      x_BSD, weights_BHSS = layer(x_BSD, mask_B1SS, deterministic=deterministic)
       x_BSD = _rows(x_BSD)
       weights.append(weights_BHSS)
     if self.config.norm == "pre":
@@ -224,6 +253,8 @@ class Transformer(nn.Module):
     keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
     memory = {"encoded": x_BSD, "source_valid": inputs_BS != self.config.pad_id,
               "cross_key": tuple(keys), "cross_value": tuple(values)}
+    if segment_ids is not None:
+      memory["source_segment_ids"] = segment_ids
     if return_attention:
       return memory, jnp.stack(weights)
     return memory
@@ -236,19 +267,32 @@ class Transformer(nn.Module):
                                           self.output_bias if self.config.output_bias else None)
     return self.output_projection(y_BTD)
 
-  def decode(self, memory: PyTree, targets_BT: Array, *, deterministic: bool = True,
+  def decode(self, memory: PyTree, targets_BT: Array, *, segment_ids: Array | None = None,
+             positions: Array | None = None, deterministic: bool = True,
              return_attention: bool = False):
     """Teacher-forced decoding: float32 logits ``[B, T, V]`` predicting ``targets_BT``.
 
-    The decoder reads ``shift_right(targets_BT, config.decoder_start_id)``. With
+    The decoder reads ``shift_right(targets_BT, config.decoder_start_id)``.
+    ``segment_ids`` and ``positions`` (int ``[B, T]``, both or neither): packed
+    rows, with a memory encoded from packed inputs (see the class docstring). With
     ``return_attention`` returns ``(logits, {"decoder_self": [L, B, H, T, T],
     "cross": [L, B, H, T, S]})``.
     """
     self._check_tokens(targets_BT, "targets")
-    decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id)
+    packed = self._check_packing(targets_BT, segment_ids, positions, "targets")
+    if packed != ("source_segment_ids" in memory):
+      raise ValueError("packed targets need a memory encoded from packed inputs, and packed "
+                       "inputs packed targets: pass segment ids and positions to both or neither")
+    decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id,
+                                    segment_ids_BT=segment_ids)
     causal_B1TT = make_causal_mask(decoder_inputs_BT)
-    cross_mask_B11S = memory["source_valid"][:, None, None, :]
-    y_BTD = self.target_positions(self.target_embedding(decoder_inputs_BT))
+    cross_mask_B1TS = memory["source_valid"][:, None, None, :]
+    if segment_ids is not None:
+      causal_B1TT = jnp.logical_and(causal_B1TT, make_segment_mask(segment_ids, segment_ids))
+      cross_mask_B1TS = jnp.logical_and(
+          cross_mask_B1TS, make_segment_mask(segment_ids, memory["source_segment_ids"]))
+    y_BTD = self.target_positions(self.target_embedding(decoder_inputs_BT),
+                                  positions_BT=positions)
     if self.config.embedding_norm:
       y_BTD = self.decoder_embedding_norm(y_BTD)
     y_BTD = _rows(self.dropout(y_BTD, deterministic=deterministic))
@@ -256,7 +300,7 @@ class Transformer(nn.Module):
     for i, layer in enumerate(self.decoder_layers):
       y_BTD, self_BHTT, cross_BHTS = layer(
           y_BTD, causal_B1TT, memory["cross_key"][i], memory["cross_value"][i],
-          cross_mask_B11S, deterministic=deterministic)
+          cross_mask_B1TS, deterministic=deterministic)
       y_BTD = _rows(y_BTD)
       self_weights.append(self_BHTT)
       cross_weights.append(cross_BHTS)
@@ -266,20 +310,27 @@ class Transformer(nn.Module):
                           "cross": jnp.stack(cross_weights)}
     return logits_BTV
 
-  def __call__(self, inputs_BS: Array, targets_BT: Array, *, deterministic: bool = True,
-               return_attention: bool = False):
+  def __call__(self, inputs_BS: Array, targets_BT: Array, *,
+               inputs_segment_ids: Array | None = None, inputs_positions: Array | None = None,
+               targets_segment_ids: Array | None = None, targets_positions: Array | None = None,
+               deterministic: bool = True, return_attention: bool = False):
     """``decode(encode(inputs), targets)``: logits [B, T, V], or ``(logits, attention)``.
 
+    The four packing arrays (int ``[B, S]`` for inputs, ``[B, T]`` for targets; all
+    or none) are a packed batch's keys of the same names (see the class docstring).
     ``attention`` is ``{"encoder_self": [L, B, H, S, S], "decoder_self": [L, B, H, T, T],
     "cross": [L, B, H, T, S]}``.
     """
+    memory = self.encode(inputs_BS, segment_ids=inputs_segment_ids, positions=inputs_positions,
+                         deterministic=deterministic, return_attention=return_attention)
+    if return_attention:
+      memory, encoder_self = memory
+    result = self.decode(memory, targets_BT, segment_ids=targets_segment_ids,
+                         positions=targets_positions, deterministic=deterministic,
+                         return_attention=return_attention)
     if not return_attention:
-      memory = self.encode(inputs_BS, deterministic=deterministic)
-      return self.decode(memory, targets_BT, deterministic=deterministic)
-    memory, encoder_self = self.encode(inputs_BS, deterministic=deterministic,
-                                       return_attention=True)
-    logits_BTV, attention = self.decode(memory, targets_BT, deterministic=deterministic,
-                                        return_attention=True)
+      return result
+    logits_BTV, attention = result
     return logits_BTV, {"encoder_self": encoder_self, **attention}
 
   def init_cache(self, memory: PyTree, max_decode_len: int) -> dict[str, Any]:

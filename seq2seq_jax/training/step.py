@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from seq2seq_jax.layers.partitioning import activation_sharding
 from seq2seq_jax.models import registry
 from seq2seq_jax.training import sharding as sharding_lib
-from seq2seq_jax.models.base import special_ids
+from seq2seq_jax.models.base import PACKING_KEYS, special_ids
 from seq2seq_jax.training.losses import cross_entropy_sums
 from seq2seq_jax.types import Array, PRNGKey, PyTree
 
@@ -176,6 +176,17 @@ def abstract_train_state(model: nn.Module, optimizer: optax.GradientTransformati
                       abstract, shardings)
 
 
+def _model_batch(batch: Batch) -> dict[str, Array]:
+  """The arrays the model reads: inputs, targets and, for packed rows, the four packing keys."""
+  return {key: batch[key] for key in ("inputs", "targets", *PACKING_KEYS) if key in batch}
+
+
+def _apply(model: nn.Module, params: PyTree, batch: Batch, **kwargs: Any) -> Array:
+  """The model's logits on a batch; packed rows pass their segment ids and positions."""
+  packing = {key: batch[key] for key in PACKING_KEYS if key in batch}
+  return model.apply({"params": params}, batch["inputs"], batch["targets"], **packing, **kwargs)
+
+
 def _split_microbatches(batch: Batch, num: int, mesh: Mesh | None) -> dict[str, Array]:
   def split(value):
     rows = value.shape[0]
@@ -208,7 +219,11 @@ def train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Modul
   Args:
     state: the current ``TrainState``.
     batch: ``{"inputs": int [B, S], "targets": int [B, T]}`` (padded with the model's
-      ``pad_id``, 0 for the library's models; other keys ignored).
+      ``pad_id``, 0 for the library's models), and for packed rows (``DataConfig.packing``)
+      ``inputs_segment_ids`` / ``inputs_positions`` [B, S] and ``targets_segment_ids`` /
+      ``targets_positions`` [B, T], passed on to the model and split into microbatches
+      with the rest; other keys ignored. Every non-PAD target token counts once, packed
+      or not.
     rng: the run's base dropout key (the same every step).
     model, optimizer, schedule: static; the schedule only reports the learning rate.
     label_smoothing: see ``cross_entropy_sums``.
@@ -232,14 +247,13 @@ def _train_step(state: TrainState, batch: Batch, rng: PRNGKey, *, model: nn.Modu
                 label_smoothing: float, grad_accum_steps: int,
                 mesh: Mesh | None) -> tuple[TrainState, dict[str, Array]]:
   step_rng = jax.random.fold_in(rng, state.step)
-  batch = {"inputs": batch["inputs"], "targets": batch["targets"]}
+  batch = _model_batch(batch)
   pad_id = special_ids(model).pad_id
 
   def loss_fn(params, micro, micro_rng):
     # FSDP's all-gather, written out (the gradient's reduce-scatter is its transpose).
     params = sharding_lib.gather_for_compute(params, mesh)
-    logits_BTV = model.apply({"params": params}, micro["inputs"], micro["targets"],
-                             deterministic=False, rngs={"dropout": micro_rng})
+    logits_BTV = _apply(model, params, micro, deterministic=False, rngs={"dropout": micro_rng})
     sums = cross_entropy_sums(logits_BTV, micro["targets"], label_smoothing=label_smoothing,
                               pad_id=pad_id)
     return sums.loss, sums
@@ -275,13 +289,14 @@ def eval_step(params: PyTree, batch: Batch, *, model: nn.Module,
   """Loss sums of one evaluation batch (no dropout): add them over batches, divide at the end.
 
   ``mesh``: keeps the activations' rows split over its ``data`` axis, as ``train_step``.
+  A packed batch's segment ids and positions go to the model as in ``train_step``.
 
   Returns:
     float32 scalars ``loss``, ``nll``, ``correct``, ``tokens`` (sums, see ``LossSums``).
   """
   with activation_sharding(mesh):
-    logits_BTV = model.apply({"params": sharding_lib.gather_for_compute(params, mesh)},
-                             batch["inputs"], batch["targets"], deterministic=True)
+    logits_BTV = _apply(model, sharding_lib.gather_for_compute(params, mesh), batch,
+                        deterministic=True)
   sums = cross_entropy_sums(logits_BTV, batch["targets"], label_smoothing=label_smoothing,
                             pad_id=special_ids(model).pad_id)
   return sums._asdict()

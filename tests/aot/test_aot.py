@@ -77,6 +77,32 @@ def test_t5_and_encoder_and_decoder_apart_compile_for_a_tpu():
     assert not report.decode_step["loops_counted_once"]
 
 
+def test_a_packed_train_step_compiles_with_its_keys_and_states_its_assumed_fill():
+  """data.packing: rows of the largest bucket, the four packing keys in the batch, and a
+  report that says what share of the slots it assumes real."""
+  packed = presets.apply_overrides(TINY, ["data.packing=true"])
+  row = packed.data.bucket_lengths[-1]
+  mesh = aot.target_mesh(aot.parse_target("v5e:2x2"))
+  program = aot.build_program("train", packed, mesh)
+  assert sorted(program.args[1]) == sorted(["inputs", "targets", "inputs_segment_ids",
+                                            "inputs_positions", "targets_segment_ids",
+                                            "targets_positions"])
+  assert {a.shape for a in program.args[1].values()} == {(program.rows, row)}
+  report = aot.compile_report(packed, "v5e:2x2", "train")
+  assert report.fits and not report.message and report.flops_per_chip > 0
+  assert report.packing and report.settings["packing"]
+  assert report.source_len == report.target_len == row
+  assert report.tokens_per_step == report.rows * 2 * row
+  assert report.assumed_fill == report_lib.ASSUMED_PACKING_FILL
+  assert report.estimated_real_tokens_per_step == pytest.approx(
+      report.tokens_per_step * report_lib.ASSUMED_PACKING_FILL)
+  table = aot.format_table([report])
+  assert "packed rows (data.packing)" in table and "not on this run's data" in table
+  unpacked = aot.compile_report(TINY, "v5e:2x2", "train")
+  assert not unpacked.packing and unpacked.estimated_real_tokens_per_step is None
+  assert "data.packing" not in aot.format_table([unpacked])
+
+
 def test_a_dense_layer_costs_its_analytic_flops():
   rows, width, features = 256, 384, 512  # M, K, N
   layer = nn.Dense(features, use_bias=False)
