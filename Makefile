@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 
-.PHONY: setup train test test-fast typecheck docs bench bench-quick clean
+.PHONY: setup train test test-beam test-fast typecheck docs bench bench-quick clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,16 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Apache Beam (the beam extra) pins protobuf < 7, which sentencepiece 0.2.3's protobuf module
+# refuses: the Beam tests run in an environment of their own (constraints-beam.txt).
+BEAM_VENV ?= .venv-beam
+BEAM_STAMP := $(BEAM_VENV)/.installed
+$(BEAM_STAMP): pyproject.toml constraints-beam.txt
+	$(PYTHON) -m venv $(BEAM_VENV)
+	$(BEAM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BEAM_VENV)/bin/python -m pip install -q -c constraints-beam.txt -e ".[beam]" pytest
+	touch $(BEAM_STAMP)
 
 # The main job: prepare Multi30k (downloaded, or MULTI30K_DIR=path/to/multi30k/raw; the
 # shared copy beside this checkout is used when present), train the default preset, then
@@ -35,8 +45,12 @@ train: $(STAMP)
 	$(PY) -m seq2seq_jax.cli evaluate --workdir $(WORKDIR) --split test_2016_flickr --beam-size 4 --show 3
 
 # The type check and the docs build come first: each takes seconds and fails the run.
-test: $(STAMP) typecheck docs
+test: $(STAMP) typecheck docs test-beam
 	$(PY) -m pytest -n 2 --durations=15 tests
+
+test-beam: $(BEAM_STAMP)
+	SEQ2SEQ_JAX_BEAM_TESTS=1 $(BEAM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	    tests/data/test_beam.py tests/docs/test_examples.py -k "test_beam or (docstring and data and beam)"
 
 # mypy over the public API and a downstream use of it ([tool.mypy] in pyproject.toml).
 typecheck: $(STAMP)
@@ -59,4 +73,4 @@ bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do SEQ2SEQ_JAX_QUICK=1 $(PY) benchmarks/$$s.py --out /tmp/seq2seq_jax_bench_$$s.json || exit 1; done
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache docs/_build
+	rm -rf $(VENV) $(BEAM_VENV) .cache .pytest_cache .mypy_cache docs/_build

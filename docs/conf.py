@@ -38,6 +38,8 @@ autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": False}
 # Linen modules are dataclasses: their fields are documented in the class docstring.
 autodoc_inherit_docstrings = False
+# An optional extra (seq2seq-jax[beam]): documented whether or not it is installed here.
+autodoc_mock_imports = ["apache_beam"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False

@@ -2,12 +2,15 @@
 ``--tokenizer`` it also writes the training split as token ids (ArrayRecord shards and a lengths
 index, ``seq2seq_jax.data.prepared``), which every training start then reads instead of text;
 the tokenizer file is loaded when it exists, else trained on the training split and saved.
+With ``--beam`` an Apache Beam pipeline writes those ids (``seq2seq_jax.data.beam``; the runner
+and its settings from ``--beam-options``).
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import shlex
 import time
 
 from seq2seq_jax.cli import flags
@@ -29,6 +32,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "saved there; then the training split is written as token ids")
   parser.add_argument("--vocab-size", type=int, default=DataConfig().vocab_size,
                       help="size of that vocabulary (default: %(default)s)")
+  parser.add_argument("--beam", action="store_true",
+                      help="write the token ids with an Apache Beam pipeline (seq2seq_jax.data.beam;"
+                           ' needs pip install "seq2seq-jax[beam]") into the same folder')
+  parser.add_argument("--beam-options", default="", metavar="FLAGS",
+                      help="Beam's pipeline options as one string, e.g. '--runner=DataflowRunner "
+                           "--project=P --region=R --temp_location=gs://B/tmp' (implies --beam; "
+                           "default: DirectRunner here)")
+
+
+def _prepare_ids_with_beam(data_config: DataConfig, vocab, options: str):
+  """``--beam``: the ids written by ``seq2seq_jax.data.beam.run_prepare`` with ``options``."""
+  try:
+    from seq2seq_jax.data import beam
+  except ImportError as e:  # the extra is not installed: one error line, not a traceback
+    raise ValueError(str(e)) from e
+  return beam.run_prepare(data_config, vocab, pipeline_options=shlex.split(options))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
   from seq2seq_jax.data import prepared
 
+  if (args.beam or args.beam_options) and not args.tokenizer:
+    raise ValueError("--beam writes token ids: give --tokenizer PATH (the vocabulary they use)")
   data_config = flags.data_config(args, vocab_size=args.vocab_size, train_files=args.train_files,
                                   empty_lines=args.empty_lines)
   if not data_config.train_files or data_config.manual_dir or data_config.dataset != "multi30k":
@@ -52,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'loaded' if existed else 'trained'} a {vocab.vocab_size}-piece vocabulary "
           f"({args.tokenizer}, {time.perf_counter() - start:.1f} s)")
     start = time.perf_counter()
-    ids = prepared.prepare_ids(data_config, vocab)
+    if args.beam or args.beam_options:
+      ids = _prepare_ids_with_beam(data_config, vocab, args.beam_options)
+    else:
+      ids = prepared.prepare_ids(data_config, vocab)
     print(f"token ids of {data_config.train_split}: {len(ids)} pairs, "
           f"{sum(ids.meta['num_tokens'])} tokens in {ids.directory} "
           f"({time.perf_counter() - start:.1f} s)")

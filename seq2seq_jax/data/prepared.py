@@ -185,17 +185,37 @@ def text_pair_chunks(data_config: DataConfig, split: str, *, chunk: int = _CHUNK
     return
   from seq2seq_jax.data import builders
   pairs = builders.load_split(data_config, split)
-  for start in range(0, len(pairs), chunk):
-    batch = pairs.__getitems__(list(range(start, min(start + chunk, len(pairs)))))
+  yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop, counts=counts)
+
+
+def pair_range_chunks(pairs: Any, start: int, stop: int, *, chunk: int = _CHUNK,
+                      drop_empty: bool = False, counts: dict[str, int] | None = None
+                      ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
+  """Pairs ``start`` to ``stop`` of a tfds split (``builders.TextPairs``), ``chunk`` at a time.
+
+  The tfds half of ``text_pair_chunks``; the Beam pipeline reads one range per element.
+
+  Yields:
+    ``(lines_C, sources, targets)``: the 0-based indices in the split of the pairs kept.
+
+  Raises:
+    DataError: a pair with an empty side, unless ``drop_empty`` (then counted in
+      ``counts["empty_dropped"]``); ``counts["lines"]`` grows by the pairs read.
+  """
+  counts = {} if counts is None else counts
+  counts.setdefault("lines", 0)
+  counts.setdefault("empty_dropped", 0)
+  for first in range(start, stop, chunk):
+    batch = pairs.__getitems__(list(range(first, min(first + chunk, stop))))
     keep = [i for i, (s, t) in enumerate(batch) if s.strip() and t.strip()]
     counts["lines"] += len(batch)
     if len(keep) < len(batch):
-      if not drop:
+      if not drop_empty:
         bad = min(set(range(len(batch))) - set(keep))
-        raise DataError(f"{pairs}: pair {start + bad} (0-based) has an empty side; set "
+        raise DataError(f"{pairs}: pair {first + bad} (0-based) has an empty side; set "
                         "DataConfig.empty_lines='drop' to leave such pairs out (they are counted)")
       counts["empty_dropped"] += len(batch) - len(keep)
-    yield (np.asarray(keep, np.int64) + start, [batch[i][0] for i in keep],
+    yield (np.asarray(keep, np.int64) + first, [batch[i][0] for i in keep],
            [batch[i][1] for i in keep])
 
 

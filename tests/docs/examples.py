@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import importlib
+import importlib.util
 import pathlib
 import pkgutil
 import re
@@ -24,11 +25,23 @@ MARKDOWN_FILES = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").rglob("*
 _FENCE = re.compile(r"^```(?P<lang>[^\n`]*)\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
 
+# Modules of an optional extra -> the package it needs; where that is not installed, the
+# module (and its examples) is left out.
+OPTIONAL_MODULES = {f"{PACKAGE}.data.beam": "apache_beam"}
+
+
+def missing_optional_modules() -> list[str]:
+  """The modules of ``OPTIONAL_MODULES`` whose extra is not installed here."""
+  return sorted(name for name, needs in OPTIONAL_MODULES.items()
+                if importlib.util.find_spec(needs) is None)
+
+
 def package_modules() -> list[str]:
-  """Every module of the package, in name order (importing each one)."""
+  """Every module of the package, in name order (importing each one), less those of an
+  optional extra that is not installed."""
   package = importlib.import_module(PACKAGE)
   names = [PACKAGE] + [info.name for info in pkgutil.walk_packages(package.__path__, f"{PACKAGE}.")]
-  return sorted(names)
+  return sorted(set(names) - set(missing_optional_modules()))
 
 
 def docstring_examples() -> list[doctest.DocTest]:
