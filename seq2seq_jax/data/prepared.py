@@ -223,18 +223,38 @@ def pair_range_chunks(pairs: Any, start: int, stop: int, *, chunk: int = _CHUNK,
 # Writing.
 
 
+class ShardWriter:
+  """Writes one ArrayRecord shard a chunk of pairs at a time (a record per pair)."""
+
+  def __init__(self, path: str | os.PathLike, dtype: np.dtype):
+    from array_record.python.array_record_module import ArrayRecordWriter
+    self._writer = ArrayRecordWriter(os.fspath(path), _WRITER_OPTIONS)
+    self._dtype = dtype
+    self._lengths: list[np.ndarray] = []
+    self.count = 0
+
+  def write(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> None:
+    lengths = np.empty((len(sources), 2), np.int32)
+    for r, (source, target) in enumerate(zip(sources, targets, strict=True)):
+      lengths[r] = len(source), len(target)
+      self._writer.write(np.asarray(list(source) + list(target), self._dtype).tobytes())
+    self._lengths.append(lengths)
+    self.count += len(lengths)
+
+  def close(self) -> np.ndarray:
+    """Closes the file; returns int32 ``[R, 2]`` (source, target) lengths of its records."""
+    self._writer.close()
+    return np.concatenate(self._lengths) if self._lengths else np.zeros((0, 2), np.int32)
+
+
 def write_shard(path: str | os.PathLike, sources: Sequence[Sequence[int]],
                 targets: Sequence[Sequence[int]], dtype: np.dtype) -> np.ndarray:
   """Writes one ArrayRecord shard, a record per pair; returns int32 ``[R, 2]`` lengths."""
-  from array_record.python.array_record_module import ArrayRecordWriter
-  lengths = np.empty((len(sources), 2), np.int32)
-  writer = ArrayRecordWriter(os.fspath(path), _WRITER_OPTIONS)
+  writer = ShardWriter(path, dtype)
   try:
-    for r, (source, target) in enumerate(zip(sources, targets, strict=True)):
-      lengths[r] = len(source), len(target)
-      writer.write(np.asarray(list(source) + list(target), dtype).tobytes())
+    writer.write(sources, targets)
   finally:
-    writer.close()
+    lengths = writer.close()
   return lengths
 
 
@@ -307,31 +327,29 @@ def _write_local(location: IdsLocation, data_config: DataConfig, tokenizer: Any,
   temporary.mkdir(parents=True)
   start = time.perf_counter()
   shard_lengths: list[np.ndarray] = []
-  shard_lines: list[np.ndarray] = []
-  pending: tuple[list, list, list] = ([], [], [])
+  shard_lines: list[list[np.ndarray]] = []
   counts: dict[str, int] = {}
-
-  def flush():
-    sources, targets, lines = pending
-    shard_lengths.append(write_shard(temporary / shard_name(len(shard_lengths)), sources,
-                                     targets, dtype))
-    shard_lines.append(np.concatenate(lines) if lines else np.zeros(0, np.int64))
-    for part in pending:
-      part.clear()
-
+  writer: ShardWriter | None = None
   for lines_C, sources, targets in text_pair_chunks(data_config, location.split, counts=counts):
     source_ids, target_ids = encode_pairs(tokenizer, location.langs, sources, targets)
     taken = 0
-    while taken < len(source_ids):
-      room = records_per_shard - len(pending[0])
-      pending[0].extend(source_ids[taken:taken + room])
-      pending[1].extend(target_ids[taken:taken + room])
-      pending[2].append(lines_C[taken:taken + room])
+    while taken < len(source_ids):  # a chunk may straddle two shards
+      if writer is None:
+        writer = ShardWriter(temporary / shard_name(len(shard_lengths)), dtype)
+        shard_lines.append([])
+      room = records_per_shard - writer.count
+      writer.write(source_ids[taken:taken + room], target_ids[taken:taken + room])
+      shard_lines[-1].append(lines_C[taken:taken + room])
       taken += room
-      if len(pending[0]) == records_per_shard:
-        flush()
-  if pending[0] or not shard_lengths:
-    flush()
+      if writer.count == records_per_shard:
+        shard_lengths.append(writer.close())
+        writer = None
+  if writer is not None or not shard_lengths:
+    if writer is None:
+      writer = ShardWriter(temporary / shard_name(0), dtype)
+      shard_lines.append([])
+    shard_lengths.append(writer.close())
+  lines = [np.concatenate(parts) if parts else np.zeros(0, np.int64) for parts in shard_lines]
   meta = location.meta(tokenizer, data_config)
   meta["records_per_shard"] = records_per_shard
   meta.update(writer="local", lines_read=counts["lines"], empty_dropped=counts["empty_dropped"])
@@ -339,7 +357,7 @@ def _write_local(location: IdsLocation, data_config: DataConfig, tokenizer: Any,
     _log.warning("left out %d of %d pairs of %s:%s with an empty side (DataConfig.empty_lines="
                  "'drop')", counts["empty_dropped"], counts["lines"], location.corpus,
                  location.split)
-  finalize(temporary, shard_lengths=shard_lengths, shard_lines=shard_lines, meta=meta)
+  finalize(temporary, shard_lengths=shard_lengths, shard_lines=lines, meta=meta)
   if location.directory.exists():  # an unfinished folder left by a crashed writer
     shutil.rmtree(location.directory)
   temporary.rename(location.directory)
