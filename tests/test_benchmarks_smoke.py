@@ -24,7 +24,7 @@ NEEDS_BENCH_EXTRA = pytest.mark.skipif(
     reason="needs the 'bench' extra: torch, transformers and ctranslate2")
 
 
-def _run(script: str, tmp_path: pathlib.Path) -> dict:
+def _run(script: str, tmp_path: pathlib.Path, *extra: str) -> dict:
   out = tmp_path / f"{script}.json"
   plot = tmp_path / f"{script}.png"
   env = dict(os.environ, SEQ2SEQ_JAX_QUICK="1")
@@ -34,7 +34,7 @@ def _run(script: str, tmp_path: pathlib.Path) -> dict:
   env.setdefault("JAX_COMPILATION_CACHE_DIR", str(BENCHMARKS.parent / ".cache" / "jax"))
   env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   result = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--out", str(out),
-                           "--plot", str(plot)], env=env, capture_output=True, text=True,
+                           "--plot", str(plot), *extra], env=env, capture_output=True, text=True,
                           timeout=900)
   assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
   payload = json.loads(out.read_text())
@@ -164,3 +164,31 @@ def test_tpu_compile_quick(tmp_path):
   assert largest["rows"] >= preset["rows"] and largest["max_batch_probes"]
   step = next(r for r in records if r["section"] == "generate")["decode_step"]
   assert step["hbm_bound_seconds"] > 0 and step["estimate_over_bound"] > 1
+
+
+@pytest.mark.slow
+def test_input_pipeline_quick(tmp_path):
+  payload = _run("input_pipeline", tmp_path, "--work-dir", str(tmp_path / "work"))
+  _check_rows(payload["rows"], "slots/s/side")
+  corpus = payload["corpus"]
+  # The stand-in's English side follows WMT'14's mean word count (25.8) and keeps its tail.
+  assert abs(corpus["en_words_mean"] / corpus["mean_en_words"] - 1) < 0.15
+  assert corpus["en_words_p99"] > 3 * corpus["en_words_median"]
+  sizes = list(payload["sizes"].values())
+  starts = {(r["size"], r["path"], r["packing"]) for r in payload["starts"]}
+  assert starts == {(size, "new", packing) for size in sizes for packing in (False, True)} | {
+      (size, "old", False) for size in sizes[:2]}  # the old path at the largest: extrapolated
+  for row in payload["starts"]:
+    assert row["first batch s"] > 0 and row["peak MB"] > 0
+    assert 0 <= row["padding measured"] < 1
+  assert all(r["prepare s"] > 0 and r["pack s"] > 0
+             for r in payload["prepare"] if r["path"] == "new")
+  assert {r["workers"] for r in payload["workers"]} == set(payload["settings"]["workers"])
+  assert {(r["path"], r["packing"]) for r in payload["one_core"]} == {
+      ("new", False), ("new", True), ("old", False)}
+  systems = {r["system"] for r in payload["packers"]}
+  assert "grain FirstFitPackIterDataset (in memory)" in systems
+  assert any(s.startswith("seq2seq_jax planned packing") for s in systems)
+  assert payload["appetite"] and all(r["cores, new packed"] > 0 for r in payload["appetite"])
+  assert len(payload["targets"]) == 4
+  assert all(isinstance(target["met"], bool) for target in payload["targets"])
