@@ -519,8 +519,11 @@ class PreparedIds:
     for shard in np.unique(shard_R).tolist():
       rows = np.flatnonzero(shard_R == shard)
       local = (ids_R[rows] - self._shard_starts[shard]).tolist()
+      reader = self._reader(shard)
       try:
-        got = self._reader(shard).read(local)
+        # One range read a record: read(indices) costs ~1.5 ms a call on a 1 M-record shard
+        # whatever len(indices) (array_record 0.8.6), paid for every shard a batch touches.
+        got = [reader.read(i, i + 1)[0] for i in local]
       except (RuntimeError, OSError) as e:
         path = self.directory / shard_name(shard)
         raise PreparedDataError(f"{path}: reading records failed ({e}): {self._fix()}") from e
