@@ -50,7 +50,7 @@ test: $(STAMP) typecheck docs test-beam
 
 test-beam: $(BEAM_STAMP)
 	SEQ2SEQ_JAX_BEAM_TESTS=1 $(BEAM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-	    tests/data/test_beam.py tests/docs/test_examples.py -k "test_beam or (docstring and data and beam)"
+	    tests/data/test_beam_pipeline.py tests/docs/test_examples.py -k "test_beam_pipeline or (docstring and data and beam)"
 
 # mypy over the public API and a downstream use of it ([tool.mypy] in pyproject.toml).
 typecheck: $(STAMP)
