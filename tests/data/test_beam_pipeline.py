@@ -1,7 +1,6 @@
 """The Beam pipeline (DirectRunner) writes the ids the local writer writes, and names bad input."""
 
 import dataclasses
-import gzip
 import importlib
 import os
 import pathlib
@@ -14,6 +13,7 @@ import seq2seq_jax.data
 from seq2seq_jax import cli
 from seq2seq_jax.data import prepared
 from seq2seq_jax.data.text_files import DataError
+from tests.data.conftest import write_lines
 
 try:
   from seq2seq_jax.data import beam
@@ -28,23 +28,6 @@ pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when 
 if os.environ.get("SEQ2SEQ_JAX_BEAM_TESTS") == "1" and _NO_BEAM:
   raise ImportError(f"SEQ2SEQ_JAX_BEAM_TESTS=1 but the beam extra does not import: {_NO_BEAM}")
 needs_beam = pytest.mark.skipif(bool(_NO_BEAM), reason=f"{_NO_BEAM} (run by `make test-beam`)")
-
-
-def _write(path: pathlib.Path, lines: list[str], *, raw: bytes | None = None) -> None:
-  data = raw if raw is not None else "".join(line + "\n" for line in lines).encode()
-  path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
-
-
-@pytest.fixture
-def sharded_files(multi30k_tiny, tmp_path):
-  """The tiny train split as 3 shards of 120, 80 and 100 lines, the middle one gzipped."""
-  folder = tmp_path / "corpus"
-  folder.mkdir()
-  lines = {lang: (multi30k_tiny / f"train.{lang}").read_text().splitlines() for lang in ("de", "en")}
-  for k, (start, stop) in enumerate([(0, 120), (120, 200), (200, 300)]):
-    for lang in ("de", "en"):
-      _write(folder / f"train-{k}.{lang}{'.gz' if k == 1 else ''}", lines[lang][start:stop])
-  return folder, lines
 
 
 def _both(config, tokenizer, root: pathlib.Path, *, records_per_shard: int):
@@ -104,7 +87,7 @@ def test_train_files_shards_as_the_local_writer_writes_them(tiny_config, tiny_to
   assert from_beam.meta["shard_sizes"] == [64, 56, 64, 16, 64, 36]  # file shards of 120, 80, 100
   np.testing.assert_array_equal(from_beam.line_N, np.arange(300))
   # An empty line dropped: counted, and the lines after it keep their numbers in the split.
-  _write(folder / "train-2.en", lines["en"][200:240] + [" "] + lines["en"][241:300])
+  write_lines(folder / "train-2.en", lines["en"][200:240] + [" "] + lines["en"][241:300])
   config = dataclasses.replace(config, empty_lines="drop")
   from_beam, from_local = _both(config, tiny_tokenizer, tmp_path / "drop", records_per_shard=64)
   _assert_same_ids(from_beam, from_local)
@@ -124,13 +107,13 @@ def test_bad_input_names_the_file_and_line(tiny_config, tiny_tokenizer, tmp_path
     finally:
       assert not list((tmp_path / name).glob("ids/**/meta.json"))  # nothing finished
 
-  _write(folder / "train-2.en", lines["en"][200:299])  # one line short
+  write_lines(folder / "train-2.en", lines["en"][200:299])  # one line short
   with pytest.raises(DataError, match=r"train-2\.en ends after line 99, .*train-2\.de goes on"):
     run("short")
-  _write(folder / "train-2.en", lines["en"][200:240] + [""] + lines["en"][241:300])
+  write_lines(folder / "train-2.en", lines["en"][200:240] + [""] + lines["en"][241:300])
   with pytest.raises(DataError, match=r"train-2\.en: line 41 is empty.*empty_lines='drop'"):
     run("empty")
-  _write(folder / "train-0.de", [], raw="\n".join(lines["de"][:120]).encode().replace(
+  write_lines(folder / "train-0.de", [], raw="\n".join(lines["de"][:120]).encode().replace(
       lines["de"][4].encode(), b"Caf\xe9", 1))
   with pytest.raises(DataError, match=r"train-0\.de: line 5, byte \d+: invalid UTF-8"):
     run("utf8", empty_lines="drop")

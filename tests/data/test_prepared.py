@@ -1,7 +1,6 @@
 """Token ids prepared once: what is written, that batches equal the text path's, and what is refused."""
 
 import dataclasses
-import gzip
 import json
 import pathlib
 
@@ -11,6 +10,7 @@ import pytest
 from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data import builders, pipeline, prepared, tokenizer as tokenizer_lib
 from seq2seq_jax.data.text_files import DataError
+from tests.data.conftest import write_lines
 
 pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
 
@@ -123,23 +123,6 @@ def test_hosts_that_do_not_write_wait_then_name_the_folder(ids_config, tiny_toke
 # ------------------------------------------------------------------------------ train_files
 
 
-def _write(path: pathlib.Path, lines: list[str], *, raw: bytes | None = None) -> None:
-  data = raw if raw is not None else "".join(line + "\n" for line in lines).encode()
-  path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
-
-
-@pytest.fixture
-def sharded_files(multi30k_tiny, tmp_path):
-  """The tiny train split as 3 shards, the middle one gzipped."""
-  folder = tmp_path / "corpus"
-  folder.mkdir()
-  lines = {lang: (multi30k_tiny / f"train.{lang}").read_text().splitlines() for lang in ("de", "en")}
-  for k, (start, stop) in enumerate([(0, 120), (120, 200), (200, 300)]):
-    for lang in ("de", "en"):
-      _write(folder / f"train-{k}.{lang}{'.gz' if k == 1 else ''}", lines[lang][start:stop])
-  return folder, lines
-
-
 def test_train_files_give_the_same_ids_as_the_tfds_corpus(ids_config, tiny_tokenizer, tmp_path,
                                                           sharded_files):
   folder, _ = sharded_files
@@ -161,16 +144,16 @@ def test_train_files_bad_input_is_named(ids_config, tiny_tokenizer, tmp_path, sh
   def prepare(**changes):
     return prepared.prepare_ids(dataclasses.replace(config, **changes), tiny_tokenizer)
 
-  _write(folder / "train-2.en", lines["en"][200:299])  # one line short
+  write_lines(folder / "train-2.en", lines["en"][200:299])  # one line short
   with pytest.raises(DataError, match=r"train-2\.en ends after line 99, .*train-2\.de goes on"):
     prepare()
-  _write(folder / "train-2.en", lines["en"][200:240] + [" "] + lines["en"][241:300])
+  write_lines(folder / "train-2.en", lines["en"][200:240] + [" "] + lines["en"][241:300])
   with pytest.raises(DataError, match=r"train-2\.en: line 41 is empty.*empty_lines='drop'"):
     prepare()
   dropped = prepare(empty_lines="drop")
   assert len(dropped) == 299 and dropped.meta["empty_dropped"] == 1
   assert 240 not in dropped.line_N and dropped.line_N[-1] == 299  # lines of the split kept
-  _write(folder / "train-0.de", [], raw="\n".join(lines["de"][:120]).encode().replace(
+  write_lines(folder / "train-0.de", [], raw="\n".join(lines["de"][:120]).encode().replace(
       lines["de"][4].encode(), b"Caf\xe9", 1))
   with pytest.raises(DataError, match=r"train-0\.de: line 5, byte \d+: invalid UTF-8"):
     prepare(data_dir=str(tmp_path / "c"))
