@@ -11,7 +11,7 @@ Each is loaded by ``seq2seq_jax.pretrained.load`` (JAX), by transformers
 system generates exactly ``output_len`` tokens (EOS suppressed); the greedy outputs
 of the three are compared token by token first, then generated tokens/s are timed
 for greedy and beam 4 at batch 32, systems alternated round by round, each with all
-the machine's threads.
+the machine's threads (``seq2seq_jax.pretrained.runtimes``).
 
 Loading, measured in fresh processes: the peak resident memory of
 ``pretrained.load`` (one ``model.safetensors``, and the same tensors as safetensors
@@ -26,15 +26,12 @@ infinity (``check_finite``), alternated.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import subprocess
 import sys
 import tempfile
-
-HERE = pathlib.Path(__file__).resolve().parent
 
 # Run in a fresh process: the peak resident memory of one load, and the time it took.
 _LOAD_PROBE = """
@@ -163,36 +160,21 @@ def _finite_check_cost(name: str, directory: pathlib.Path, s: dict) -> dict:
 
 
 def main() -> None:
-  from seq2seq_jax import benchmarking  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
 
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", type=pathlib.Path,
-                      default=HERE / "results" / "pretrained_families.json")
-  parser.add_argument("--plot", type=pathlib.Path, default=None, help="PNG path (optional)")
-  parser.add_argument("--rounds", type=int, default=None,
-                      help="alternated rounds per task (default 3; 2 in quick mode)")
+  from seq2seq_jax import benchmarking  # noqa: PLC0415
+  from seq2seq_jax.pretrained import fixtures, runtimes  # noqa: PLC0415
+
+  parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--keep", type=pathlib.Path, default=None,
                       help="build the checkpoints here and keep them (default: a temp dir)")
   parser.add_argument("--loads-only", action="store_true",
                       help="measure only the loads' peak memory (no timing: memory does not "
                       "depend on what else runs on the machine)")
-  args = benchmarking.parse_args(parser)
-  s = settings(benchmarking.quick_mode())
-  if args.rounds is not None:
-    if args.rounds < 1:
-      parser.error(f"--rounds must be at least 1; got {args.rounds}")
-    s["rounds"] = args.rounds
-  peers = benchmarking.import_peers(args.out, "pretrained_families")
-  if peers is None:
+  started = runtimes.start(parser, "pretrained_families", settings(benchmarking.quick_mode()))
+  if started is None:
     return
-  ctranslate2, torch, transformers = peers
-  import numpy as np  # noqa: PLC0415
-
-  from seq2seq_jax import pretrained  # noqa: PLC0415
-  from seq2seq_jax.configs import DecodeConfig  # noqa: PLC0415
-  from seq2seq_jax.decoding import generate  # noqa: PLC0415
-  from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
-
+  args, s, (ctranslate2, torch, transformers) = started
   threads = os.cpu_count() or 1
   out_len, count = s["output_len"], s["sentences"]
   rows, agreement, loads, checks = [], {}, [], []
@@ -209,83 +191,15 @@ def main() -> None:
       if args.loads_only:
         continue
       checks.append(_finite_check_cost(name, directory, s))
-      checkpoint = pretrained.load(directory)
-      config = checkpoint.config
-      hf_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
-      hf_model.generation_config.forced_eos_token_id = None  # all run to out_len
-      ct2_dir = tmp / f"{name}-ct2"
-      ctranslate2.converters.TransformersConverter(str(directory)).convert(str(ct2_dir),
-                                                                          force=True)
-      ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu", inter_threads=1,
-                                   intra_threads=threads)
-      hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-      token_of = {i: t for t, i in hf_tokenizer.get_vocab().items()}
-      rng = np.random.default_rng(0)
-      # Source ids: random ordinary pieces (no special token), real lengths, EOS last.
-      specials = set(hf_tokenizer.all_special_ids)
-      ordinary = np.array([i for i in range(len(hf_tokenizer)) if i not in specials])
-      lengths = rng.integers(*s["source_len"], size=count)
-      sources = [list(rng.choice(ordinary, size=n - 1)) + [config.eos_id] for n in lengths]
-      width = max(lengths)
-      groups = [sources[i:i + 32] for i in range(0, count, 32)]
-      padded = [np.array([row + [config.pad_id] * (width - len(row)) for row in group],
-                         np.int32) for group in groups]
-      torch_batches = [torch.from_numpy(b.astype(np.int64)) for b in padded]
-      token_batches = [[[token_of[int(i)] for i in row] for row in group] for group in groups]
-      start_id = config.decoder_start_id
-      never = sorted({config.pad_id, start_id} - {config.eos_id})
-      never_tokens = [[token_of[i]] for i in never]
-      for beams in (1, 4):
-        decode = DecodeConfig(method="greedy" if beams == 1 else "beam", beam_size=beams,
-                              alpha=0.0, max_decode_len=out_len, suppress_ids=(config.eos_id,))
-
-        def run_ours(decode=decode):
-          return [generate(checkpoint.model, checkpoint.params, b, decode)[0] for b in padded]
-
-        # This library never generates the pad id (nor a decoder start that is not EOS);
-        # the others are told so, as OPUS-MT's bad_words_ids tell transformers.
-        def run_hf(beams=beams):
-          with torch.inference_mode():
-            return [hf_model.generate(b, attention_mask=b != config.pad_id, num_beams=beams,
-                                      do_sample=False, min_length=out_len + 1,
-                                      max_length=out_len + 1, length_penalty=0.0,
-                                      suppress_tokens=never)
-                    for b in torch_batches]
-
-        def run_ct2(beams=beams):
-          return [ct2.translate_batch(b, beam_size=beams, max_decoding_length=out_len,
-                                      min_decoding_length=out_len, length_penalty=0.0,
-                                      max_batch_size=32, suppress_sequences=never_tokens)
-                  for b in token_batches]
-
-        systems = {"seq2seq_jax": run_ours, "HF generate": run_hf, "CTranslate2": run_ct2}
-        if beams == 1:  # the same weights give the same greedy tokens in every runtime
-          with torch.inference_mode():
-            logits = hf_model(input_ids=torch_batches[0],
-                              attention_mask=torch_batches[0] != config.pad_id,
-                              decoder_input_ids=torch.full((len(groups[0]), 1), start_id)).logits
-          if not torch.isfinite(logits).all():
-            raise RuntimeError("the random checkpoint gives non-finite logits: agreement "
-                               "between the runtimes would be vacuous")
-          ours = np.concatenate([np.asarray(t) for t in run_ours()])
-          hf = np.concatenate([t.numpy()[:, 1:] for t in run_hf()])
-          vocab = hf_tokenizer.get_vocab()
-          ct = np.array([[vocab[t] for t in r.hypotheses[0]] for g in run_ct2() for r in g])
-          agreement[name] = {
-              "rows": len(ours), "HF identical rows": float((ours == hf).all(1).mean()),
-              "CTranslate2 identical rows": float((ours == ct).all(1).mean()),
-              "HF identical tokens": float((ours == hf).mean()),
-              "CTranslate2 identical tokens": float((ours == ct).mean())}
-        timings = benchmarking.time_interleaved(systems, rounds=s["rounds"])
-        ours_rate = count * out_len / timings["seq2seq_jax"].median_s
-        for system, timing in timings.items():
-          rate = count * out_len / timing.median_s
-          spread = [count * out_len / t for t in timing.times_s]
-          rows.append({"task": f"{name} {'greedy' if beams == 1 else 'beam4'} batch 32",
-                       "system": system, "tokens/s": rate, "tokens/s min": min(spread),
-                       "tokens/s max": max(spread), "ours/system": ours_rate / rate,
-                       "timing": timing.to_dict()})
-      del checkpoint, hf_model, ct2
+      loaded = runtimes.load_runtimes(directory, tmp / f"{name}-ct2", ctranslate2=ctranslate2,
+                                      transformers=transformers, threads=threads)
+      sources = runtimes.random_sources(loaded, np.random.default_rng(0), count=count,
+                                        lengths=s["source_len"])
+      model_rows, agreement[name] = runtimes.compare(loaded, sources, batch=32,
+                                                     output_len=out_len, rounds=s["rounds"],
+                                                     task="batch 32")
+      rows += [{**row, "task": f"{name} {row['task']}"} for row in model_rows]
+      del loaded
   print(f"{out_len} tokens per output, {count} sentences, {threads} threads; torch "
         f"{torch.__version__}, transformers {transformers.__version__}, ctranslate2 "
         f"{ctranslate2.__version__}")
@@ -300,8 +214,7 @@ def main() -> None:
                                              "check s", "check %"]))
   path = benchmarking.write_json(args.out, {
       "benchmark": "pretrained_families", "settings": s, "loads_only": args.loads_only,
-      "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                   "ctranslate2": ctranslate2.__version__},
+      "versions": runtimes.versions(ctranslate2, torch, transformers),
       "agreement": agreement, "rows": rows, "loads": loads, "finite_check": checks})
   print(f"wrote {path}")
   if args.plot and rows:

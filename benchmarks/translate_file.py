@@ -103,19 +103,19 @@ def write_lines(path: pathlib.Path, lines: list[str], count: int) -> pathlib.Pat
 
 def main() -> None:
   from seq2seq_jax import benchmarking  # noqa: PLC0415
+  from seq2seq_jax.pretrained import runtimes  # noqa: PLC0415
 
   parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--corpus", type=pathlib.Path, default=CORPUS,
                       help="Multi30k raw folder (train.de, train.en; default: %(default)s)")
-  args = benchmarking.parse_args(parser)
-  s = settings(benchmarking.quick_mode())
+  started = runtimes.start(parser, "translate_file", settings(benchmarking.quick_mode()),
+                           rounds_flag=False)
+  if started is None:
+    return
+  args, s, (ctranslate2, torch, transformers) = started
   if not (args.corpus / "train.de").is_file():
     raise SystemExit(f"{args.corpus / 'train.de'} is missing: pass --corpus with the Multi30k "
                      "raw folder (see ../shared/data/README.md)")
-  peers = benchmarking.import_peers(args.out, "translate_file")
-  if peers is None:
-    return
-  ctranslate2, torch, transformers = peers
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
   import sentencepiece as spm  # noqa: PLC0415
@@ -260,8 +260,7 @@ def main() -> None:
   benchmarking.report(args, {
       "benchmark": "translate_file", "settings": s, "rows": rows, "agreement": agreement,
       "peak_rss_mb": memory, "ratios": ratios,
-      "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                   "ctranslate2": ctranslate2.__version__}},
+      "versions": runtimes.versions(ctranslate2, torch, transformers)},
       plot=functools.partial(benchmarking.plot_rates_by_task, rate_key="sentences/s",
                              xlabel=lambda task: "sentences / s, file to file"))
 

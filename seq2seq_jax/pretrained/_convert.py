@@ -25,6 +25,16 @@ from seq2seq_jax.pretrained._io import ALIGNMENT, Weights, aligned_copy
 # transformers' activation names -> TransformerConfig.activation.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "swish": "swish", "silu": "swish"}
+# The config.json defaults MarianConfig, M2M100Config and MBartConfig share (each family's
+# DEFAULTS adds its vocabulary, special ids, activation and scaling).
+BART_DEFAULTS = {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
+                 "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+                 "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "dropout": 0.1,
+                 "attention_dropout": 0.0, "activation_dropout": 0.0,
+                 "max_position_embeddings": 1024, "tie_word_embeddings": True}
+# The token table's names in a BART-layout file: copies of one table when tied.
+BART_TOKEN_TABLES = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                     "lm_head.weight", "model.shared.weight")
 
 
 def field(hf: dict[str, Any], name: str, defaults: dict[str, Any]) -> Any:
@@ -40,9 +50,15 @@ def activation(hf: dict[str, Any], defaults: dict[str, Any], source: pathlib.Pat
   return ACTIVATIONS[name]
 
 
-def bart_fields(hf: dict[str, Any], defaults: dict[str, Any],
-                source: pathlib.Path) -> dict[str, Any]:
-  """The ``TransformerConfig`` fields every BART-layout config.json gives the same way."""
+def bart_config(hf: dict[str, Any], defaults: dict[str, Any], source: pathlib.Path,
+                dtype: str, **family: Any) -> TransformerConfig:
+  """The ``TransformerConfig`` of a BART-layout config.json: the family's own fields
+  (``family``: positions, norms, tables) and those every family gives the same way."""
+  return TransformerConfig(**family, dtype=dtype, **_bart_fields(hf, defaults, source))
+
+
+def _bart_fields(hf: dict[str, Any], defaults: dict[str, Any],
+                 source: pathlib.Path) -> dict[str, Any]:
   d = defaults
   encoder_heads, decoder_heads = (field(hf, f"{side}_attention_heads", d)
                                   for side in ("encoder", "decoder"))
@@ -121,52 +137,51 @@ def _rules_for_dense(hf: str, ours: tuple[str, ...]) -> list[Rule]:
           Rule(f"{hf}.bias", ours + ("bias",), _identity, _identity)]
 
 
-def bart_rules(c: TransformerConfig, *, final_norms: bool) -> list[Rule]:
-  """Every layer tensor of a BART-layout encoder-decoder, token tables and head excluded
-  (learned positions and ``layernorm_embedding`` included when the config has them)."""
+def bart_rules(c: TransformerConfig, tensors: Container[str] | None, *, final_norms: bool,
+               output_bias: str | None = None) -> list[Rule]:
+  """Every tensor of a BART-layout encoder-decoder: its layers (learned positions and
+  ``layernorm_embedding`` included when the config has them, the stacks' final norms
+  with ``final_norms``), then ``embedding_rules``' tables and output layer."""
   rules = []
   if c.positions == "learned":
-    rules += [Rule("model.encoder.embed_positions.weight",
-                   ("source_positions", "position_embedding"), _identity, _identity),
-              Rule("model.decoder.embed_positions.weight",
-                   ("target_positions", "position_embedding"), _identity, _identity)]
+    for side, ours in (("encoder", "source"), ("decoder", "target")):
+      rules.append(Rule(f"model.{side}.embed_positions.weight",
+                        (f"{ours}_positions", "position_embedding"), _identity, _identity))
   if c.embedding_norm:
-    rules += _rules_for_norm("model.encoder.layernorm_embedding", ("encoder_embedding_norm",))
-    rules += _rules_for_norm("model.decoder.layernorm_embedding", ("decoder_embedding_norm",))
-  for i in range(c.num_encoder_layers):
-    hf, ours = f"model.encoder.layers.{i}", (f"encoder_layers_{i}",)
-    rules += _rules_for_attention(f"{hf}.self_attn", ours + ("self_attention",), c,
-                                  c.encoder_stack)
-    rules += _rules_for_norm(f"{hf}.self_attn_layer_norm", ours + ("attention_residual", "norm"))
-    rules += _rules_for_dense(f"{hf}.fc1", ours + ("feed_forward", "wi"))
-    rules += _rules_for_dense(f"{hf}.fc2", ours + ("feed_forward", "wo"))
-    rules += _rules_for_norm(f"{hf}.final_layer_norm", ours + ("feed_forward_residual", "norm"))
-  for i in range(c.num_decoder_layers):
-    hf, ours = f"model.decoder.layers.{i}", (f"decoder_layers_{i}",)
-    rules += _rules_for_attention(f"{hf}.self_attn", ours + ("self_attention",), c,
-                                  c.decoder_stack)
-    rules += _rules_for_norm(f"{hf}.self_attn_layer_norm", ours + ("self_residual", "norm"))
-    rules += _rules_for_attention(f"{hf}.encoder_attn", ours + ("cross_attention",), c,
-                                  c.decoder_stack)
-    rules += _rules_for_norm(f"{hf}.encoder_attn_layer_norm", ours + ("cross_residual", "norm"))
-    rules += _rules_for_dense(f"{hf}.fc1", ours + ("feed_forward", "wi"))
-    rules += _rules_for_dense(f"{hf}.fc2", ours + ("feed_forward", "wo"))
-    rules += _rules_for_norm(f"{hf}.final_layer_norm", ours + ("feed_forward_residual", "norm"))
+    for side in ("encoder", "decoder"):
+      rules += _rules_for_norm(f"model.{side}.layernorm_embedding", (f"{side}_embedding_norm",))
+  for side, count, stack in (("encoder", c.num_encoder_layers, c.encoder_stack),
+                             ("decoder", c.num_decoder_layers, c.decoder_stack)):
+    for i in range(count):
+      hf, ours = f"model.{side}.layers.{i}", (f"{side}_layers_{i}",)
+      rules += _rules_for_attention(f"{hf}.self_attn", ours + ("self_attention",), c, stack)
+      # The library names the encoder's one residual and the decoder's first apart.
+      residual = "attention_residual" if side == "encoder" else "self_residual"
+      rules += _rules_for_norm(f"{hf}.self_attn_layer_norm", ours + (residual, "norm"))
+      if side == "decoder":
+        rules += _rules_for_attention(f"{hf}.encoder_attn", ours + ("cross_attention",), c,
+                                      stack)
+        rules += _rules_for_norm(f"{hf}.encoder_attn_layer_norm",
+                                 ours + ("cross_residual", "norm"))
+      rules += _rules_for_dense(f"{hf}.fc1", ours + ("feed_forward", "wi"))
+      rules += _rules_for_dense(f"{hf}.fc2", ours + ("feed_forward", "wo"))
+      rules += _rules_for_norm(f"{hf}.final_layer_norm", ours + ("feed_forward_residual", "norm"))
   if final_norms:
-    rules += _rules_for_norm("model.encoder.layer_norm", ("encoder_norm",))
-    rules += _rules_for_norm("model.decoder.layer_norm", ("decoder_norm",))
-  return rules
+    for side in ("encoder", "decoder"):
+      rules += _rules_for_norm(f"model.{side}.layer_norm", (f"{side}_norm",))
+  return rules + embedding_rules(c, tensors, output_bias)
 
 
 def embedding_rules(c: TransformerConfig, tensors: Container[str] | None,
                     output_bias: str | None = None) -> list[Rule]:
-  """Token tables and, when untied, the output layer.
+  """Token tables, the output layer when untied, and the bias added to the logits.
 
   Tied checkpoints store one table as ``model.shared.weight`` (older ones also as
   ``model.encoder.embed_tokens.weight`` ...); when writing, the names
   ``save_pretrained`` itself writes are used. ``output_bias`` names the tensor added
   to the logits (Marian's and mBART's ``final_logits_bias``): an untied output
-  layer's bias; without one that bias is fixed at zero.
+  layer's bias, or the tied output's ``output_bias`` when ``c.output_bias`` is set;
+  without one an untied output layer's bias is fixed at zero.
   """
   def first_present(*names: str) -> str:
     if tensors is not None:
@@ -187,6 +202,9 @@ def embedding_rules(c: TransformerConfig, tensors: Container[str] | None,
     rules.append(Rule("lm_head.weight", ("output_projection", "kernel"), np.transpose,
                       np.transpose))
     rules.append(Rule(output_bias, ("output_projection", "bias"), lambda b: b.reshape(-1),
+                      lambda b: b.reshape(1, -1)))
+  elif output_bias is not None and c.output_bias:
+    rules.append(Rule(output_bias, ("output_bias",), lambda b: b.reshape(-1),
                       lambda b: b.reshape(1, -1)))
   return rules
 

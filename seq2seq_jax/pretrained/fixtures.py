@@ -27,6 +27,7 @@ Example (each call trains for minutes on a CPU, so this is not run as a doctest;
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import json
 import os
@@ -74,17 +75,18 @@ def _read_lines(data_dir: str | os.PathLike, split: str, lang: str, limit: int) 
 
 
 def _train_spm(lines: Sequence[str], *, vocab_size: int, model_type: str,
-               exact_size: bool = True) -> bytes:
+               exact_size: bool = True, **options: Any) -> bytes:
   """A sentencepiece model (default ids: <unk> 0, <s> 1, </s> 2), trained in memory.
 
-  ``exact_size=False`` lets a corpus too small for ``vocab_size`` pieces give fewer.
+  ``exact_size=False`` lets a corpus too small for ``vocab_size`` pieces give fewer;
+  ``options`` are more of the trainer's (T5's ids, user-defined symbols).
   """
   model = io.BytesIO()
   # One thread over the whole input, unshuffled: the same lines give the same model.
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
       model_type=model_type, character_coverage=1.0, num_threads=1, input_sentence_size=0,
-      shuffle_input_sentence=False, hard_vocab_limit=exact_size, minloglevel=2)
+      shuffle_input_sentence=False, hard_vocab_limit=exact_size, minloglevel=2, **options)
   return model.getvalue()
 
 
@@ -107,6 +109,14 @@ def _marian_vocab(piece_lists: Sequence[Sequence[str]], extra: Sequence[str] = (
   for i in range(fillers):  # never produced by sentencepiece: ids that only a model can emit
     vocab.setdefault(f"\u2581filler{i}", len(vocab))
   vocab["<pad>"] = len(vocab)
+  return vocab
+
+
+def _fairseq_vocab(model: bytes) -> dict[str, int]:
+  """fairseq's layout: <s> <pad> </s> <unk>, then the model's pieces shifted by one."""
+  vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+  for piece in _pieces(model):
+    vocab.setdefault(piece, len(vocab))
   return vocab
 
 
@@ -198,6 +208,12 @@ def _train(model, plan: list[list[int]], ids: dict[int, tuple[list[int], list[in
     model.eval()
   tail = losses[-20:]
   return float(sum(tail) / len(tail)) if tail else float("nan")
+
+
+def _output_dir(out_dir: str | os.PathLike) -> pathlib.Path:
+  out = pathlib.Path(out_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  return out
 
 
 def _save(model, tokenizer, generation_config, out: pathlib.Path, *, kind: str, started: float,
@@ -311,8 +327,7 @@ def build_marian(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, ste
   import torch  # noqa: PLC0415
 
   started = time.perf_counter()
-  out = pathlib.Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
+  out = _output_dir(out_dir)
   sources = _read_lines(data_dir, "train", source_lang, max_pairs)
   targets = _read_lines(data_dir, "train", target_lang, max_pairs)
   source_model = _train_spm(sources, vocab_size=vocab_size, model_type="unigram")
@@ -363,8 +378,7 @@ def build_random_marian(out_dir: str | os.PathLike, *, vocab_size: int = 58101,
   import torch  # noqa: PLC0415
 
   started = time.perf_counter()
-  out = pathlib.Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
+  out = _output_dir(out_dir)
   if data_dir is not None:
     sources = _read_lines(data_dir, "train", "de", 29_000)
     targets = _read_lines(data_dir, "train", "en", 29_000)
@@ -400,6 +414,53 @@ def _synthetic_sentences(seed: int, count: int = 20_000) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Multilingual corpora: the pairs of several directions, tokenized as their families lay them out
+
+
+def _read_corpus(data_dir, languages: Sequence[str], directions: Sequence[tuple[str, str]],
+                 max_pairs: int) -> dict[str, list[str]]:
+  for source, target in directions:
+    if source not in languages or target not in languages:
+      raise ValueError(f"direction {source}->{target} uses a language outside "
+                       f"languages={tuple(languages)}")
+  return {lang: _read_lines(data_dir, "train", lang, max_pairs) for lang in languages}
+
+
+def _direction_pairs(corpus: dict[str, list[str]], directions: Sequence[tuple[str, str]], *,
+                     steps: int, batch_size: int, seed: int):
+  """Every (source lang, target lang, line) pair of ``directions``, and the batch plan."""
+  pairs = [(source, target, i) for source, target in directions
+           for i in range(min(len(corpus[source]), len(corpus[target])))]
+  lengths = [len(corpus[source][i]) + len(corpus[target][i]) for source, target, i in pairs]
+  return pairs, _batch_plan(lengths, steps=steps, batch_size=batch_size, seed=seed)
+
+
+def _coded_ids(tokenizer, corpus: dict[str, list[str]], directions: Sequence[tuple[str, str]],
+               *, steps: int, batch_size: int, seed: int, code: Callable[[str], str]):
+  """The batch plan and the ids of the pairs it trains on, each direction tokenized as
+  transformers lays it out for a tokenizer that marks languages (``src_lang`` and
+  ``tgt_lang``: ``[code] pieces </s>`` on both sides); the tokenizer is left set to the
+  first direction, which it saves as its defaults."""
+  pairs, plan = _direction_pairs(corpus, directions, steps=steps, batch_size=batch_size,
+                                 seed=seed)
+
+  def encode(used: list[int]) -> tuple[list, list]:
+    source_ids, target_ids = {}, {}
+    for source, target in directions:
+      chosen = [k for k in used if pairs[k][:2] == (source, target)]
+      tokenizer.src_lang, tokenizer.tgt_lang = code(source), code(target)
+      lines = [pairs[k][2] for k in chosen]
+      source_ids.update(zip(chosen, tokenizer([corpus[source][i] for i in lines])["input_ids"]))
+      target_ids.update(zip(chosen, tokenizer(
+          text_target=[corpus[target][i] for i in lines])["input_ids"]))
+    return [source_ids[k] for k in used], [target_ids[k] for k in used]
+
+  ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
+  tokenizer.src_lang, tokenizer.tgt_lang = code(directions[0][0]), code(directions[0][1])
+  return plan, ids
+
+
+# ---------------------------------------------------------------------------------------------
 # M2M100 and NLLB-200
 
 
@@ -410,10 +471,7 @@ def _m2m100_tokenizer(workdir: pathlib.Path, model: bytes):
   from transformers.models.m2m_100 import tokenization_m2m_100  # noqa: PLC0415
 
   (workdir / "sentencepiece.bpe.model").write_bytes(model)
-  vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-  for piece in _pieces(model):
-    vocab.setdefault(piece, len(vocab))
-  _write_json(workdir / "vocab.json", vocab)
+  _write_json(workdir / "vocab.json", _fairseq_vocab(model))
   codes = tokenization_m2m_100.FAIRSEQ_LANGUAGE_CODES["m2m100"]
   language_tokens = [f"__{code}__" for code in codes]
   return M2M100Tokenizer(vocab_file=str(workdir / "vocab.json"),
@@ -430,32 +488,27 @@ def _nllb_tokenizer(workdir: pathlib.Path, model: bytes):
   path = workdir / "sentencepiece.bpe.model"
   path.write_bytes(model)
   extracted = SentencePieceExtractor(str(path)).extract(BPE)
-  # fairseq's layout: <s> <pad> </s> <unk>, then the pieces shifted by one.
-  vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-  for piece in _pieces(model):
-    vocab.setdefault(piece, len(vocab))
   # Left out, the extractor's own special-token list would replace the 202 language codes.
-  return NllbTokenizer(vocab=vocab, merges=extracted["merges"],
+  return NllbTokenizer(vocab=_fairseq_vocab(model), merges=extracted["merges"],
                        _spm_precompiled_charsmap=extracted["_spm_precompiled_charsmap"])
 
 
 def _build_m2m100_family(out_dir, *, kind: str, data_dir, languages: Sequence[str],
                          directions: Sequence[tuple[str, str]], steps: int, model_dim: int,
                          layers: int, heads: int, ffn: int, vocab_size: int, batch_size: int,
-                         learning_rate: float, max_length: int, seed: int,
+                         learning_rate: float, dropout: float, max_length: int, seed: int,
                          max_pairs: int) -> BuildInfo:
   import torch  # noqa: PLC0415
   from transformers import (GenerationConfig, M2M100Config,  # noqa: PLC0415
                             M2M100ForConditionalGeneration)
 
+  unknown = [lang for lang in languages if kind == "nllb" and lang not in _NLLB_CODES]
+  if unknown:
+    raise ValueError(f"languages {unknown} have no NLLB code here; use some of "
+                     f"{sorted(_NLLB_CODES)}")
   started = time.perf_counter()
-  out = pathlib.Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
-  for source, target in directions:
-    if source not in languages or target not in languages:
-      raise ValueError(f"direction {source}->{target} uses a language outside "
-                       f"languages={tuple(languages)}")
-  corpus = {lang: _read_lines(data_dir, "train", lang, max_pairs) for lang in languages}
+  out = _output_dir(out_dir)
+  corpus = _read_corpus(data_dir, languages, directions, max_pairs)
   model_proto = _train_spm([line for lines in corpus.values() for line in lines],
                            vocab_size=vocab_size, model_type="bpe")
   with tempfile.TemporaryDirectory() as workdir:
@@ -465,26 +518,8 @@ def _build_m2m100_family(out_dir, *, kind: str, data_dir, languages: Sequence[st
     else:
       tokenizer = _m2m100_tokenizer(pathlib.Path(workdir), model_proto)
       code = str
-  pairs = [(source, target, i) for source, target in directions
-           for i in range(min(len(corpus[source]), len(corpus[target])))]
-  lengths = [len(corpus[source][i]) + len(corpus[target][i]) for source, target, i in pairs]
-  plan = _batch_plan(lengths, steps=steps, batch_size=batch_size, seed=seed)
-
-  def encode(used: list[int]) -> tuple[list, list]:
-    source_ids, target_ids = {}, {}
-    for source, target in directions:
-      chosen = [k for k in used if pairs[k][:2] == (source, target)]
-      # transformers' own layouts: [code] pieces </s> on both sides.
-      tokenizer.src_lang, tokenizer.tgt_lang = code(source), code(target)
-      texts = [pairs[k][2] for k in chosen]
-      source_ids.update(zip(chosen, tokenizer([corpus[source][i] for i in texts])["input_ids"]))
-      target_ids.update(zip(chosen, tokenizer(
-          text_target=[corpus[target][i] for i in texts])["input_ids"]))
-    return [source_ids[k] for k in used], [target_ids[k] for k in used]
-
-  ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
-  # Saved as the tokenizer's default languages.
-  tokenizer.src_lang, tokenizer.tgt_lang = code(directions[0][0]), code(directions[0][1])
+  plan, ids = _coded_ids(tokenizer, corpus, directions, steps=steps, batch_size=batch_size,
+                         seed=seed, code=code)
   eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
   # M2M100's embedding: vocab.json, 100 language codes, 8 made-up words (128,112 in
   # the release). NLLB's: every id of its tokenizer.
@@ -494,7 +529,7 @@ def _build_m2m100_family(out_dir, *, kind: str, data_dir, languages: Sequence[st
       vocab_size=embedding_size, d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
       encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
       decoder_ffn_dim=ffn, max_position_embeddings=1024, activation_function="relu",
-      scale_embedding=True, dropout=0.1, attention_dropout=0.1, activation_dropout=0.0,
+      scale_embedding=True, dropout=dropout, attention_dropout=dropout, activation_dropout=0.0,
       encoder_layerdrop=0.0, decoder_layerdrop=0.0, pad_token_id=pad_id, bos_token_id=0,
       eos_token_id=eos_id, decoder_start_token_id=eos_id)
   model = M2M100ForConditionalGeneration(config)
@@ -511,7 +546,7 @@ def build_m2m100(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
                  directions: Sequence[tuple[str, str]] = (("de", "en"),), steps: int = 400,
                  model_dim: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128,
                  vocab_size: int = 2000, batch_size: int = 32, learning_rate: float = 5e-3,
-                 max_length: int = 200, seed: int = 0,
+                 dropout: float = 0.1, max_length: int = 200, seed: int = 0,
                  max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
   """An M2M100ForConditionalGeneration checkpoint with M2M100's tokenizer, trained briefly.
 
@@ -528,40 +563,28 @@ def build_m2m100(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
     directions: (source, target) pairs to train on.
     steps, batch_size, learning_rate: AdamW training.
     model_dim, layers, heads, ffn: the architecture.
+    dropout: the config's ``dropout`` and ``attention_dropout`` while training (saved in
+      config.json).
     vocab_size: pieces of the sentencepiece model.
     max_length: the generation config's ``max_length`` (M2M100: 200).
     seed: seeds the initialisation and the batches (sentencepiece is deterministic).
     max_pairs: sentences read per language.
   """
-  return _build_m2m100_family(
-      out_dir, kind="m2m_100", data_dir=data_dir, languages=languages, directions=directions,
-      steps=steps, model_dim=model_dim, layers=layers, heads=heads, ffn=ffn,
-      vocab_size=vocab_size, batch_size=batch_size, learning_rate=learning_rate,
-      max_length=max_length, seed=seed, max_pairs=max_pairs)
+  return _build_m2m100_family(kind="m2m_100", **locals())  # every argument, by name
 
 
 def build_nllb(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
-               languages: Sequence[str] = ("de", "en", "fr"),
-               directions: Sequence[tuple[str, str]] = (("de", "en"),), steps: int = 400,
-               model_dim: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128,
-               vocab_size: int = 2000, batch_size: int = 32, learning_rate: float = 5e-3,
-               max_length: int = 200, seed: int = 0,
-               max_pairs: int = DEFAULT_MAX_PAIRS) -> BuildInfo:
-  """As ``build_m2m100``, with NLLB-200's tokenizer (``tokenizer.json``, codes like
-  ``eng_Latn``): the layout of the NLLB-200 checkpoints, also M2M100 models."""
-  unknown = [lang for lang in languages if lang not in _NLLB_CODES]
-  if unknown:
-    raise ValueError(f"languages {unknown} have no NLLB code here; use some of "
-                     f"{sorted(_NLLB_CODES)}")
-  return _build_m2m100_family(
-      out_dir, kind="nllb", data_dir=data_dir, languages=languages, directions=directions,
-      steps=steps, model_dim=model_dim, layers=layers, heads=heads, ffn=ffn,
-      vocab_size=vocab_size, batch_size=batch_size, learning_rate=learning_rate,
-      max_length=max_length, seed=seed, max_pairs=max_pairs)
+               **options: Any) -> BuildInfo:
+  """As ``build_m2m100`` (its arguments and defaults), with NLLB-200's tokenizer
+  (``tokenizer.json``, codes like ``eng_Latn``): the layout of the NLLB-200
+  checkpoints, also M2M100 models."""
+  arguments = inspect.signature(build_m2m100).bind(out_dir, data_dir=data_dir, **options)
+  arguments.apply_defaults()
+  return _build_m2m100_family(kind="nllb", **arguments.arguments)
 
 
 # ---------------------------------------------------------------------------------------------
-# mBART-50 and the T5 family: the many-to-many layouts built from one plan
+# mBART-50 and the T5 family
 
 
 # Fields the published mBART-50 config.json files carry from fairseq (transformers 5 ignores
@@ -572,22 +595,46 @@ _MBART_LEGACY_FIELDS = {"normalize_before": True, "add_final_layer_norm": True,
 _MBART50_CODES = {"de": "de_DE", "en": "en_XX", "fr": "fr_XX", "cs": "cs_CZ"}
 
 
-def _direction_pairs(corpus: dict[str, list[str]], directions: Sequence[tuple[str, str]], *,
-                     steps: int, batch_size: int, seed: int):
-  """Every (source lang, target lang, line) pair of ``directions``, and the batch plan."""
-  pairs = [(source, target, i) for source, target in directions
-           for i in range(min(len(corpus[source]), len(corpus[target])))]
-  lengths = [len(corpus[source][i]) + len(corpus[target][i]) for source, target, i in pairs]
-  return pairs, _batch_plan(lengths, steps=steps, batch_size=batch_size, seed=seed)
+def _mbart50_tokenizer(model_proto: bytes, *, src_lang: str, tgt_lang: str):
+  from transformers import MBart50Tokenizer  # noqa: PLC0415
+
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "sentencepiece.bpe.model").write_bytes(model_proto)
+    # bos_token as the published tokenizer_config.json has it (CTranslate2 reads it).
+    return MBart50Tokenizer.from_pretrained(workdir, bos_token="<s>", src_lang=src_lang,
+                                            tgt_lang=tgt_lang)
 
 
-def _read_corpus(data_dir, languages: Sequence[str], directions: Sequence[tuple[str, str]],
-                 max_pairs: int) -> dict[str, list[str]]:
-  for source, target in directions:
-    if source not in languages or target not in languages:
-      raise ValueError(f"direction {source}->{target} uses a language outside "
-                       f"languages={tuple(languages)}")
-  return {lang: _read_lines(data_dir, "train", lang, max_pairs) for lang in languages}
+def _mbart50_model(tokenizer, *, model_dim: int, layers: int, heads: int, ffn: int,
+                   max_positions: int, dropout: float):
+  """mBART-large-50's layout (pre-LN, GELU, scaled embeddings, learned positions,
+  ``layernorm_embedding``) at the given size, random weights."""
+  from transformers import MBartConfig, MBartForConditionalGeneration  # noqa: PLC0415
+
+  eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+  config = MBartConfig(
+      vocab_size=len(tokenizer), d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
+      encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+      decoder_ffn_dim=ffn, max_position_embeddings=max_positions, activation_function="gelu",
+      scale_embedding=True, dropout=dropout, attention_dropout=0.0, activation_dropout=0.0,
+      pad_token_id=pad_id, bos_token_id=0, eos_token_id=eos_id,
+      decoder_start_token_id=eos_id, forced_eos_token_id=eos_id,
+      tokenizer_class="MBart50Tokenizer", **_MBART_LEGACY_FIELDS)
+  return MBartForConditionalGeneration(config)
+
+
+def _save_mbart50(model, tokenizer, model_proto: bytes, out: pathlib.Path, *, max_length: int,
+                  **info: Any) -> BuildInfo:
+  """Saves an mBART-50 checkpoint with the sentencepiece model the published ones ship."""
+  from transformers import GenerationConfig  # noqa: PLC0415
+
+  eos_id = tokenizer.eos_token_id
+  generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
+                                       eos_token_id=eos_id, forced_eos_token_id=eos_id,
+                                       pad_token_id=tokenizer.pad_token_id, max_length=max_length)
+  result = _save(model, tokenizer, generation_config, out, kind="mbart", **info)
+  (out / "sentencepiece.bpe.model").write_bytes(model_proto)
+  return result
 
 
 def build_mbart50(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
@@ -611,12 +658,9 @@ def build_mbart50(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
   ``dropout``: the config's ``dropout`` while training.
   """
   import torch  # noqa: PLC0415
-  from transformers import (GenerationConfig, MBart50Tokenizer, MBartConfig,  # noqa: PLC0415
-                            MBartForConditionalGeneration)
 
   started = time.perf_counter()
-  out = pathlib.Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
+  out = _output_dir(out_dir)
   unknown = [lang for lang in languages if lang not in _MBART50_CODES]
   if unknown:
     raise ValueError(f"languages {unknown} have no mBART-50 code here; use some of "
@@ -625,51 +669,21 @@ def build_mbart50(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike,
   corpus = _read_corpus(data_dir, languages, directions, max_pairs)
   model_proto = _train_spm([line for lines in corpus.values() for line in lines],
                            vocab_size=vocab_size, model_type="unigram")
-  with tempfile.TemporaryDirectory() as workdir:
-    (pathlib.Path(workdir) / "sentencepiece.bpe.model").write_bytes(model_proto)
-    # bos_token as the published tokenizer_config.json has it (CTranslate2 reads it).
-    tokenizer = MBart50Tokenizer.from_pretrained(workdir, bos_token="<s>",
-                                                 src_lang=code(directions[0][0]),
-                                                 tgt_lang=code(directions[0][1]))
-  pairs, plan = _direction_pairs(corpus, directions, steps=steps, batch_size=batch_size,
-                                 seed=seed)
-
-  def encode(used: list[int]) -> tuple[list, list]:
-    source_ids, target_ids = {}, {}
-    for source, target in directions:
-      chosen = [k for k in used if pairs[k][:2] == (source, target)]
-      tokenizer.src_lang, tokenizer.tgt_lang = code(source), code(target)
-      lines = [pairs[k][2] for k in chosen]
-      source_ids.update(zip(chosen, tokenizer([corpus[source][i] for i in lines])["input_ids"]))
-      target_ids.update(zip(chosen, tokenizer(
-          text_target=[corpus[target][i] for i in lines])["input_ids"]))
-    return [source_ids[k] for k in used], [target_ids[k] for k in used]
-
-  ids = _tokenize_used(plan, encode, tokenizer.eos_token_id)
-  tokenizer.src_lang, tokenizer.tgt_lang = code(directions[0][0]), code(directions[0][1])
-  eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+  tokenizer = _mbart50_tokenizer(model_proto, src_lang=code(directions[0][0]),
+                                 tgt_lang=code(directions[0][1]))
+  plan, ids = _coded_ids(tokenizer, corpus, directions, steps=steps, batch_size=batch_size,
+                         seed=seed, code=code)
   torch.manual_seed(seed)
-  config = MBartConfig(
-      vocab_size=len(tokenizer), d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
-      encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
-      decoder_ffn_dim=ffn, max_position_embeddings=max_positions, activation_function="gelu",
-      scale_embedding=True, dropout=dropout, attention_dropout=0.0, activation_dropout=0.0,
-      pad_token_id=pad_id, bos_token_id=0, eos_token_id=eos_id, decoder_start_token_id=eos_id,
-      forced_eos_token_id=eos_id, tokenizer_class="MBart50Tokenizer", **_MBART_LEGACY_FIELDS)
-  model = MBartForConditionalGeneration(config)
+  model = _mbart50_model(tokenizer, model_dim=model_dim, layers=layers, heads=heads, ffn=ffn,
+                         max_positions=max_positions, dropout=dropout)
   with torch.no_grad():  # learned positions, started from the sinusoids M2M100 keeps fixed
     from seq2seq_jax.layers.embeddings import position_table  # noqa: PLC0415
     table = torch.from_numpy(position_table("sinusoidal_marian", max_positions + 2, model_dim))
     for embed in (model.model.encoder.embed_positions, model.model.decoder.embed_positions):
       embed.weight.copy_(table)
-  loss = _train(model, plan, ids, pad_id=pad_id, learning_rate=learning_rate)
-  generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
-                                       eos_token_id=eos_id, forced_eos_token_id=eos_id,
-                                       pad_token_id=pad_id, max_length=max_length)
-  info = _save(model, tokenizer, generation_config, out, kind="mbart", started=started,
-               steps=steps, loss=loss, seed=seed)
-  (out / "sentencepiece.bpe.model").write_bytes(model_proto)
-  return info
+  loss = _train(model, plan, ids, pad_id=tokenizer.pad_token_id, learning_rate=learning_rate)
+  return _save_mbart50(model, tokenizer, model_proto, out, max_length=max_length,
+                       started=started, steps=steps, loss=loss, seed=seed)
 
 
 # variant -> (transformers model class, feed_forward_proj, separate lm_head, <2xx> codes)
@@ -679,6 +693,49 @@ T5_VARIANTS = {
     "mt5": ("MT5ForConditionalGeneration", "gated-gelu", True, False),
     "madlad": ("T5ForConditionalGeneration", "gated-gelu", True, True),
 }
+# T5's sentencepiece ids: no BOS.
+_T5_IDS = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
+
+
+def _t5_tokenizer(model_proto: bytes, extra_ids: int):
+  from transformers import T5Tokenizer  # noqa: PLC0415
+
+  with tempfile.TemporaryDirectory() as workdir:
+    (pathlib.Path(workdir) / "spiece.model").write_bytes(model_proto)
+    return T5Tokenizer.from_pretrained(workdir, extra_ids=extra_ids)
+
+
+def _t5_model(variant: str, *, rows: int, model_dim: int, head_dim: int, ffn: int, layers: int,
+              heads: int, decoder_layers: int | None = None, **config: Any):
+  """A random T5-family model of ``variant``'s layout with ``rows`` embedding rows;
+  ``config`` adds to (or overrides) the T5Config / MT5Config fields."""
+  import torch  # noqa: PLC0415
+  import transformers  # noqa: PLC0415
+
+  model_class, feed_forward, separate_head, _ = T5_VARIANTS[variant]
+  config_class = transformers.MT5Config if variant == "mt5" else transformers.T5Config
+  model = getattr(transformers, model_class)(config_class(
+      vocab_size=rows, d_model=model_dim, d_kv=head_dim, d_ff=ffn, num_layers=layers,
+      num_decoder_layers=decoder_layers or layers, num_heads=heads,
+      feed_forward_proj=feed_forward, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+      tie_word_embeddings=not separate_head, **config))
+  if separate_head:  # transformers 5 ties at construction; v1.1, mT5 and MADLAD do not
+    # Drawn at d_model ** -0.5 rather than transformers' 1.0: unscaled logits of unit
+    # vectors would start sqrt(d_model) wide and a short training would not recover.
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(rows, model_dim) * model_dim ** -0.5)
+  return model
+
+
+def _save_t5(model, tokenizer, model_proto: bytes, out: pathlib.Path, *, max_length: int,
+             **info: Any) -> BuildInfo:
+  """Saves a T5-family checkpoint with the ``spiece.model`` the published ones ship."""
+  from transformers import GenerationConfig  # noqa: PLC0415
+
+  generation_config = GenerationConfig(decoder_start_token_id=0, eos_token_id=1, pad_token_id=0,
+                                       max_length=max_length)
+  result = _save(model, tokenizer, generation_config, out, **info)
+  (out / "spiece.model").write_bytes(model_proto)
+  return result
 
 
 def build_t5(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, variant: str = "t5",
@@ -715,27 +772,19 @@ def build_t5(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, variant
     dropout: ``dropout_rate`` while training (saved in config.json).
   """
   import torch  # noqa: PLC0415
-  import transformers  # noqa: PLC0415
 
   if variant not in T5_VARIANTS:
     raise ValueError(f"variant={variant!r}: must be one of {', '.join(T5_VARIANTS)}")
-  model_class, feed_forward, separate_head, marked = T5_VARIANTS[variant]
+  marked = T5_VARIANTS[variant][3]
   started = time.perf_counter()
-  out = pathlib.Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
+  out = _output_dir(out_dir)
   corpus = _read_corpus(data_dir, languages, directions, max_pairs)
-  codes = [f"<2{lang}>" for lang in languages] if marked else []
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter([line for lines in corpus.values() for line in lines]),
-      model_writer=model, vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
-      num_threads=1, input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, user_defined_symbols=codes)
-  model_proto = model.getvalue()
-  sentinels = (0 if marked else 100) if extra_ids is None else extra_ids
-  with tempfile.TemporaryDirectory() as workdir:
-    (pathlib.Path(workdir) / "spiece.model").write_bytes(model_proto)
-    tokenizer = transformers.T5Tokenizer.from_pretrained(workdir, extra_ids=sentinels)
+  model_proto = _train_spm([line for lines in corpus.values() for line in lines],
+                           vocab_size=vocab_size, model_type="unigram", **_T5_IDS,
+                           user_defined_symbols=[f"<2{lang}>" for lang in languages] if marked
+                           else [])
+  tokenizer = _t5_tokenizer(model_proto, (0 if marked else 100) if extra_ids is None
+                            else extra_ids)
   pairs, plan = _direction_pairs(corpus, directions, steps=steps, batch_size=batch_size,
                                  seed=seed)
 
@@ -750,26 +799,12 @@ def build_t5(out_dir: str | os.PathLike, *, data_dir: str | os.PathLike, variant
   if variant == "t5":  # t5-small: 32,100 ids, an embedding of 32,128 rows
     rows = -(-rows // 128) * 128
   torch.manual_seed(seed)
-  config_class = transformers.MT5Config if variant == "mt5" else transformers.T5Config
-  config = config_class(
-      vocab_size=rows, d_model=model_dim, d_kv=head_dim, d_ff=ffn, num_layers=layers,
-      num_decoder_layers=decoder_layers or layers, num_heads=heads,
-      feed_forward_proj=feed_forward, dropout_rate=dropout, pad_token_id=0, eos_token_id=1,
-      decoder_start_token_id=0, tie_word_embeddings=not separate_head,
-      initializer_factor=1.0)
-  hf_model = getattr(transformers, model_class)(config)
-  if separate_head:  # transformers 5 ties at construction; v1.1, mT5 and MADLAD do not
-    # Drawn at d_model ** -0.5 rather than transformers' 1.0: unscaled logits of unit
-    # vectors would start sqrt(d_model) wide and a short training would not recover.
-    hf_model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(rows, model_dim) * model_dim ** -0.5)
-  loss = _train(hf_model, plan, ids, pad_id=0, learning_rate=learning_rate)
-  generation_config = transformers.GenerationConfig(decoder_start_token_id=0, eos_token_id=1,
-                                                    pad_token_id=0, max_length=max_length)
-  info = _save(hf_model, tokenizer, generation_config, out, kind=variant, started=started,
-               steps=steps, loss=loss, seed=seed)
-  (out / "spiece.model").write_bytes(model_proto)
-  return info
+  model = _t5_model(variant, rows=rows, model_dim=model_dim, head_dim=head_dim, ffn=ffn,
+                    layers=layers, decoder_layers=decoder_layers, heads=heads,
+                    dropout_rate=dropout, initializer_factor=1.0)
+  loss = _train(model, plan, ids, pad_id=0, learning_rate=learning_rate)
+  return _save_t5(model, tokenizer, model_proto, out, max_length=max_length, kind=variant,
+                  started=started, steps=steps, loss=loss, seed=seed)
 
 
 def _padded_spm(model: bytes, pieces: int) -> bytes:
@@ -811,40 +846,20 @@ def build_random_t5(out_dir: str | os.PathLike, *, vocab_size: int = 32128, mode
   pieces to ``spm_pieces``. ``variant`` as ``build_t5``. Outputs are not meaningful.
   """
   import torch  # noqa: PLC0415
-  import transformers  # noqa: PLC0415
 
-  model_class, feed_forward, separate_head, _ = T5_VARIANTS[variant]
   started = time.perf_counter()
-  out = pathlib.Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(_benchmark_corpus(data_dir, seed)), model_writer=model,
-      vocab_size=spm_vocab_size, model_type="unigram", character_coverage=1.0, num_threads=1,
-      input_sentence_size=0, shuffle_input_sentence=False, hard_vocab_limit=False,
-      minloglevel=2, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
-  model_proto = _padded_spm(model.getvalue(), spm_pieces)
-  with tempfile.TemporaryDirectory() as workdir:
-    (pathlib.Path(workdir) / "spiece.model").write_bytes(model_proto)
-    tokenizer = transformers.T5Tokenizer.from_pretrained(workdir, extra_ids=extra_ids)
+  out = _output_dir(out_dir)
+  model_proto = _padded_spm(_train_spm(_benchmark_corpus(data_dir, seed),
+                                       vocab_size=spm_vocab_size, model_type="unigram",
+                                       exact_size=False, **_T5_IDS), spm_pieces)
+  tokenizer = _t5_tokenizer(model_proto, extra_ids)
   if vocab_size < len(tokenizer):
     raise ValueError(f"vocab_size={vocab_size} is below the tokenizer's {len(tokenizer)} ids")
   torch.manual_seed(seed)
-  config_class = transformers.MT5Config if variant == "mt5" else transformers.T5Config
-  config = config_class(
-      vocab_size=vocab_size, d_model=model_dim, d_kv=head_dim, d_ff=ffn, num_layers=layers,
-      num_heads=heads, feed_forward_proj=feed_forward, pad_token_id=0, eos_token_id=1,
-      decoder_start_token_id=0, tie_word_embeddings=not separate_head)
-  hf_model = getattr(transformers, model_class)(config).eval()
-  if separate_head:
-    hf_model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(vocab_size, model_dim) * model_dim ** -0.5)
-  generation_config = transformers.GenerationConfig(decoder_start_token_id=0, eos_token_id=1,
-                                                    pad_token_id=0, max_length=max_length)
-  info = _save(hf_model, tokenizer, generation_config, out, kind=variant, started=started,
-               steps=0, loss=float("nan"), seed=seed)
-  (out / "spiece.model").write_bytes(model_proto)
-  return info
+  model = _t5_model(variant, rows=vocab_size, model_dim=model_dim, head_dim=head_dim, ffn=ffn,
+                    layers=layers, heads=heads).eval()
+  return _save_t5(model, tokenizer, model_proto, out, max_length=max_length, kind=variant,
+                  started=started, steps=0, loss=float("nan"), seed=seed)
 
 
 def build_random_mbart50(out_dir: str | os.PathLike, *, model_dim: int = 1024, layers: int = 12,
@@ -860,36 +875,18 @@ def build_random_mbart50(out_dir: str | os.PathLike, *, model_dim: int = 1024, l
   to ``spm_pieces``. Outputs are not meaningful.
   """
   import torch  # noqa: PLC0415
-  from transformers import (GenerationConfig, MBart50Tokenizer, MBartConfig,  # noqa: PLC0415
-                            MBartForConditionalGeneration)
 
   started = time.perf_counter()
-  out = pathlib.Path(out_dir).expanduser()
-  out.mkdir(parents=True, exist_ok=True)
+  out = _output_dir(out_dir)
   model_proto = _padded_spm(_train_spm(_benchmark_corpus(data_dir, seed),
                                        vocab_size=spm_vocab_size, model_type="unigram",
                                        exact_size=False), spm_pieces)
-  with tempfile.TemporaryDirectory() as workdir:
-    (pathlib.Path(workdir) / "sentencepiece.bpe.model").write_bytes(model_proto)
-    tokenizer = MBart50Tokenizer.from_pretrained(workdir, bos_token="<s>", src_lang="de_DE",
-                                                 tgt_lang="en_XX")
-  eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+  tokenizer = _mbart50_tokenizer(model_proto, src_lang="de_DE", tgt_lang="en_XX")
   torch.manual_seed(seed)
-  config = MBartConfig(
-      vocab_size=len(tokenizer), d_model=model_dim, encoder_layers=layers, decoder_layers=layers,
-      encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
-      decoder_ffn_dim=ffn, max_position_embeddings=max_positions, activation_function="gelu",
-      scale_embedding=True, dropout=0.1, pad_token_id=pad_id, bos_token_id=0,
-      eos_token_id=eos_id, decoder_start_token_id=eos_id, forced_eos_token_id=eos_id,
-      tokenizer_class="MBart50Tokenizer", **_MBART_LEGACY_FIELDS)
-  model = MBartForConditionalGeneration(config).eval()
-  generation_config = GenerationConfig(bos_token_id=0, decoder_start_token_id=eos_id,
-                                       eos_token_id=eos_id, forced_eos_token_id=eos_id,
-                                       pad_token_id=pad_id, max_length=max_length)
-  info = _save(model, tokenizer, generation_config, out, kind="mbart", started=started, steps=0,
-               loss=float("nan"), seed=seed)
-  (out / "sentencepiece.bpe.model").write_bytes(model_proto)
-  return info
+  model = _mbart50_model(tokenizer, model_dim=model_dim, layers=layers, heads=heads, ffn=ffn,
+                         max_positions=max_positions, dropout=0.1).eval()
+  return _save_mbart50(model, tokenizer, model_proto, out, max_length=max_length,
+                       started=started, steps=0, loss=float("nan"), seed=seed)
 
 
 __all__ = ["BuildInfo", "build_marian", "build_m2m100", "build_mbart50", "build_nllb",

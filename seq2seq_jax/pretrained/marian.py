@@ -18,22 +18,18 @@ import numpy as np
 
 from seq2seq_jax.configs import TransformerConfig
 from seq2seq_jax.layers.embeddings import position_table
-from seq2seq_jax.pretrained._convert import (Rule, bart_fields, bart_rules, embedding_rules,
-                                             field)
+from seq2seq_jax.pretrained._convert import (BART_DEFAULTS, BART_TOKEN_TABLES, Rule,
+                                             bart_config, bart_rules, field)
 from seq2seq_jax.pretrained._io import Weights
 
 MODEL_TYPE = "marian"
 ARCHITECTURES = ("MarianMTModel",)
 
 # MarianConfig's defaults, for config.json files that leave fields out.
-DEFAULTS = {"vocab_size": 58101, "decoder_vocab_size": None, "d_model": 1024,
-            "encoder_layers": 12, "decoder_layers": 12, "encoder_attention_heads": 16,
-            "decoder_attention_heads": 16, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096,
-            "activation_function": "gelu", "dropout": 0.1, "attention_dropout": 0.0,
-            "activation_dropout": 0.0, "max_position_embeddings": 1024,
-            "scale_embedding": False, "pad_token_id": 58100, "eos_token_id": 0,
-            "decoder_start_token_id": 58100, "share_encoder_decoder_embeddings": True,
-            "tie_word_embeddings": True}
+DEFAULTS = {**BART_DEFAULTS, "vocab_size": 58101, "decoder_vocab_size": None,
+            "activation_function": "gelu", "scale_embedding": False, "pad_token_id": 58100,
+            "eos_token_id": 0, "decoder_start_token_id": 58100,
+            "share_encoder_decoder_embeddings": True}
 
 def model_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
   """The ``TransformerConfig`` of a Marian ``config.json`` (``source`` names it in errors)."""
@@ -46,32 +42,24 @@ def model_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> Transf
   if shared and target_vocab != vocab:
     raise ValueError(f"{source}: decoder_vocab_size={target_vocab} differs from vocab_size="
                      f"{vocab} but share_encoder_decoder_embeddings is true")
-  return TransformerConfig(
+  return bart_config(
+      hf, d, source, dtype,
       vocab_size=vocab,
       target_vocab_size=0 if shared or target_vocab == vocab else target_vocab,
       positions="sinusoidal_marian",
       norm="post",
       share_embeddings=shared,
-      output_bias=tied,
-      dtype=dtype,
-      **bart_fields(hf, d, source))
+      output_bias=tied)
 
 
 def rules(config: TransformerConfig, weights: Container[str] | None) -> list[Rule]:
   """Every checkpoint tensor this library keeps; see ``ignored`` for the rest."""
-  out = bart_rules(config, final_norms=False) + embedding_rules(config, weights,
-                                                                output_bias="final_logits_bias")
-  if config.tie_output:
-    out.append(Rule("final_logits_bias", ("output_bias",), lambda b: b.reshape(-1),
-                    lambda b: b.reshape(1, -1)))
-  return out
+  return bart_rules(config, weights, final_norms=False, output_bias="final_logits_bias")
 
 
 def ignored(name: str) -> bool:
   """Tensors that are copies of others (tied tables) or fixed tables checked separately."""
-  return name.endswith("embed_positions.weight") or name in (
-      "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-      "lm_head.weight", "model.shared.weight")
+  return name.endswith("embed_positions.weight") or name in BART_TOKEN_TABLES
 
 
 def check_fixed_tensors(config: TransformerConfig, weights: Weights) -> None:

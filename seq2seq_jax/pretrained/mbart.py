@@ -18,8 +18,8 @@ from collections.abc import Container
 from typing import Any
 
 from seq2seq_jax.configs import TransformerConfig
-from seq2seq_jax.pretrained._convert import (Rule, bart_fields, bart_rules, embedding_rules,
-                                             field)
+from seq2seq_jax.pretrained._convert import (BART_DEFAULTS, BART_TOKEN_TABLES, Rule,
+                                             bart_config, bart_rules, field)
 from seq2seq_jax.pretrained._io import Weights
 
 MODEL_TYPE = "mbart"
@@ -28,44 +28,34 @@ POSITION_OFFSET = 2  # MBartLearnedPositionalEmbedding's offset
 
 # MBartConfig's defaults, for config.json files that leave fields out (mBART-50's
 # released configs set scale_embedding and decoder_start_token_id).
-DEFAULTS = {"vocab_size": 50265, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
-            "encoder_attention_heads": 16, "decoder_attention_heads": 16,
-            "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "activation_function": "gelu",
-            "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0,
-            "max_position_embeddings": 1024, "scale_embedding": False, "pad_token_id": 1,
-            "eos_token_id": 2, "decoder_start_token_id": 2, "tie_word_embeddings": True}
+DEFAULTS = {**BART_DEFAULTS, "vocab_size": 50265, "activation_function": "gelu",
+            "scale_embedding": False, "pad_token_id": 1, "eos_token_id": 2,
+            "decoder_start_token_id": 2}
 
 
 def model_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> TransformerConfig:
   """The ``TransformerConfig`` of an mBART ``config.json``."""
   d = DEFAULTS
   tied = bool(field(hf, "tie_word_embeddings", d))
-  return TransformerConfig(
+  return bart_config(
+      hf, d, source, dtype,
       vocab_size=field(hf, "vocab_size", d),
       positions="learned",
       position_offset=POSITION_OFFSET,
       norm="pre",
       embedding_norm=True,
       share_embeddings=tied,
-      output_bias=tied,
-      dtype=dtype,
-      **bart_fields(hf, d, source))
+      output_bias=tied)
 
 
 def rules(config: TransformerConfig, weights: Container[str] | None) -> list[Rule]:
   """Every checkpoint tensor this library keeps; see ``ignored`` for the rest."""
-  out = bart_rules(config, final_norms=True) + embedding_rules(config, weights,
-                                                               output_bias="final_logits_bias")
-  if config.tie_output:
-    out.append(Rule("final_logits_bias", ("output_bias",), lambda b: b.reshape(-1),
-                    lambda b: b.reshape(1, -1)))
-  return out
+  return bart_rules(config, weights, final_norms=True, output_bias="final_logits_bias")
 
 
 def ignored(name: str) -> bool:
   """Copies of the tied table."""
-  return name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                  "lm_head.weight", "model.shared.weight")
+  return name in BART_TOKEN_TABLES
 
 
 def check_fixed_tensors(config: TransformerConfig, weights: Weights) -> None:

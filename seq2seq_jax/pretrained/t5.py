@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from seq2seq_jax.configs import T5Config
-from seq2seq_jax.pretrained._convert import ACTIVATIONS, Rule, read_checked
+from seq2seq_jax.pretrained._convert import ACTIVATIONS, Rule, field, read_checked
 from seq2seq_jax.pretrained._io import Weights
 
 MODEL_TYPE = "t5"
@@ -43,15 +43,10 @@ MT5_DEFAULTS = {**DEFAULTS, "vocab_size": 250112, "d_ff": 1024, "num_layers": 8,
                 "num_heads": 6, "feed_forward_proj": "gated-gelu"}
 
 
-def _field(hf: dict[str, Any], name: str, defaults: dict[str, Any]) -> Any:
-  value = hf.get(name)
-  return defaults[name] if value is None else value
-
-
 def _feed_forward(hf: dict[str, Any], defaults: dict[str, Any],
                   source: pathlib.Path) -> tuple[str, bool]:
   """``(activation, gated)`` of ``feed_forward_proj`` ("relu", "gated-gelu", ...)."""
-  proj = str(_field(hf, "feed_forward_proj", defaults))
+  proj = str(field(hf, "feed_forward_proj", defaults))
   parts = proj.split("-")
   gated = parts[0] == "gated" and len(parts) == 2
   name = parts[-1]
@@ -81,27 +76,27 @@ def model_config(hf: dict[str, Any], source: pathlib.Path, dtype: str) -> T5Conf
     scale_output = bool(hf["scale_decoder_outputs"])
   else:
     scale_output = tied_in_config
-  layers = _field(hf, "num_layers", d)
-  pad_id = _field(hf, "pad_token_id", d)
-  eos_id = _field(hf, "eos_token_id", d)
+  layers = field(hf, "num_layers", d)
+  pad_id = field(hf, "pad_token_id", d)
+  eos_id = field(hf, "eos_token_id", d)
   if isinstance(eos_id, list):
     eos_id = eos_id[0]
   start = hf.get("decoder_start_token_id")
   try:
     return T5Config(
-        vocab_size=_field(hf, "vocab_size", d),
-        model_dim=_field(hf, "d_model", d),
-        num_heads=_field(hf, "num_heads", d),
-        head_dim=_field(hf, "d_kv", d),
-        mlp_dim=_field(hf, "d_ff", d),
+        vocab_size=field(hf, "vocab_size", d),
+        model_dim=field(hf, "d_model", d),
+        num_heads=field(hf, "num_heads", d),
+        head_dim=field(hf, "d_kv", d),
+        mlp_dim=field(hf, "d_ff", d),
         num_encoder_layers=layers,
         num_decoder_layers=hf.get("num_decoder_layers") or layers,
-        relative_buckets=_field(hf, "relative_attention_num_buckets", d),
-        relative_max_distance=_field(hf, "relative_attention_max_distance", d),
+        relative_buckets=field(hf, "relative_attention_num_buckets", d),
+        relative_max_distance=field(hf, "relative_attention_max_distance", d),
         activation=activation,
         gated_ffn=gated,
-        dropout_rate=float(_field(hf, "dropout_rate", d)),
-        layer_norm_epsilon=float(_field(hf, "layer_norm_epsilon", d)),
+        dropout_rate=float(field(hf, "dropout_rate", d)),
+        layer_norm_epsilon=float(field(hf, "layer_norm_epsilon", d)),
         tie_output=tied_in_config,
         scale_output=scale_output,
         max_len=max(int(hf.get("n_positions") or 512), 512),

@@ -6,9 +6,10 @@ run sentencepiece directly; ``NllbTokenizer`` reads NLLB's ``tokenizer.json`` wi
 the ``tokenizers`` library (transformers 5 keeps NLLB only in that form);
 ``MBart50Tokenizer`` and ``T5Tokenizer`` run the directory's ``tokenizer.json`` when
 it has one (transformers 5 runs that file for these families) and sentencepiece
-otherwise. Ids and decoded text match transformers 5's tokenizers. Every tokenizer has ``encode_source(texts, lang,
-target_lang=...)``, ``encode_target``, ``target_prefix`` (ids forced first on the
-decoder side) and ``decode_batch``; a language goes where the family puts it
+otherwise. Ids and decoded text match transformers 5's tokenizers. Every tokenizer
+has ``encode_source(texts, lang, target_lang=...)``, ``encode_target``,
+``target_prefix`` (ids forced first on the decoder side), ``decode_batch`` and a dict
+form (``to_dict``, ``tokenizer_from_dict``); a language goes where the family puts it
 (M2M100, NLLB, mBART-50: codes on both sides and the target code forced;
 OPUS-MT and MADLAD-400: the target's code in front of the source).
 
@@ -33,8 +34,8 @@ import json
 import os
 import pathlib
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self
 
 import sentencepiece as spm
 
@@ -76,6 +77,19 @@ def _read_bytes(path: pathlib.Path, fix: str) -> bytes:
   return path.read_bytes()
 
 
+def _read_config(directory: pathlib.Path, fix: str, *, optional: bool = False,
+                 legacy: bool = True) -> dict[str, Any]:
+  """``tokenizer_config.json`` as a dict (``optional``: {} when absent) with, unless not
+  ``legacy``, the older files folded in (``_legacy_merge``)."""
+  path = directory / "tokenizer_config.json"
+  config: Any = {}
+  if not optional or path.is_file():
+    config = _read_json(path, fix)
+    if not isinstance(config, dict):
+      raise ValueError(f"{path} must hold a JSON object: {fix}")
+  return _legacy_merge(config, directory) if legacy else config
+
+
 def _check_vocab(vocab: Any, where: str) -> dict[str, int]:
   if (not isinstance(vocab, dict) or not vocab
       or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
@@ -107,6 +121,21 @@ def _token_content(value: Any, where: str) -> str:
 def _named(config: Mapping[str, Any], name: str, default: str) -> str:
   """A named special token of tokenizer_config.json (``eos_token`` ...), or its default."""
   return _token_content(config.get(name, default), f"tokenizer_config.json: {name!r}")
+
+
+def _special_ids(config: Mapping[str, Any], id_of: Callable[[str], int | None],
+                 missing: str) -> tuple[int, int, int]:
+  """Ids of tokenizer_config.json's ``pad_token``, ``eos_token`` and ``unk_token`` (by
+  default ``<pad>``, ``</s>``, ``<unk>``); ``id_of`` gives a token's id, None for one
+  the tokenizer lacks, which raises ``missing`` formatted with the field and token."""
+  ids = []
+  for name, default in (("pad_token", "<pad>"), ("eos_token", "</s>"), ("unk_token", "<unk>")):
+    token = _named(config, name, default)
+    index = id_of(token)
+    if index is None:
+      raise ValueError(missing.format(name=name, token=repr(token)))
+    ids.append(index)
+  return ids[0], ids[1], ids[2]
 
 
 def _legacy_merge(config: dict[str, Any], directory: pathlib.Path) -> dict[str, Any]:
@@ -147,6 +176,25 @@ def _legacy_merge(config: dict[str, Any], directory: pathlib.Path) -> dict[str, 
 
 # ---------------------------------------------------------------------------------------------
 # Added and special tokens, as transformers' Python tokenizers handle them
+
+
+def _split_atomic(text: str, pattern: re.Pattern | None) -> list[str]:
+  """``text`` cut before and after each match of ``pattern`` (tokens never split), empty
+  segments dropped."""
+  if pattern is None:
+    return [text] if text else []
+  segments, start = [], 0
+  for match in pattern.finditer(text):
+    segments += [text[start:match.start()], match.group()]
+    start = match.end()
+  segments.append(text[start:])
+  return [segment for segment in segments if segment]
+
+
+def _atomic_pattern(tokens: Sequence[str]) -> re.Pattern | None:
+  """A pattern matching any of ``tokens``, the longest first (None: no tokens)."""
+  by_length = sorted(set(tokens), key=len, reverse=True)
+  return re.compile("|".join(map(re.escape, by_length))) if by_length else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,20 +259,11 @@ class _AddedTokens:
       self.tokens[token] = _Added(token)
     self.by_id = {index: content for content, index in self.ids.items()}
     self.special_ids = frozenset(self.ids[token] for token in self.special)
-    by_length = sorted(self.ids, key=len, reverse=True)
-    self._pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
+    self._pattern = _atomic_pattern(list(self.ids))
 
   def split(self, text: str) -> list[str]:
     """The text cut at added tokens (leftmost, longest first); each token its own segment."""
-    if self._pattern is None:
-      return [text] if text else []
-    segments: list[str] = []
-    start = 0
-    for match in self._pattern.finditer(text):
-      segments += [text[start:match.start()], match.group()]
-      start = match.end()
-    segments.append(text[start:])
-    segments = [segment for segment in segments if segment]
+    segments = _split_atomic(text, self._pattern)
     # The strip and whole-word options of added tokens act on the neighbouring segments.
     for i, segment in enumerate(segments):
       token = self.tokens.get(segment)
@@ -303,10 +342,258 @@ def _check_kind(d: Mapping[str, Any], kind: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# tokenizer.json, run by the tokenizers library
+
+
+def _import_tokenizers():
+  try:
+    import tokenizers  # noqa: PLC0415 - optional: only tokenizer.json needs it
+  except ImportError:
+    raise ImportError("NLLB's tokenizer is a tokenizer.json of the 'tokenizers' library: "
+                      "pip install tokenizers") from None
+  return tokenizers
+
+
+class _JsonPieces:
+  """The pieces of a ``tokenizer.json`` run by the ``tokenizers`` library, without the
+  special tokens its post-processor adds (the tokenizer classes place those).
+
+  transformers 5 runs this file for NLLB, mBART-50 and the T5 family: its pipeline (a
+  ``▁`` piece for a trailing space or a run of spaces, added tokens cut out of the
+  text with their own spacing) differs from sentencepiece's at those places.
+  """
+
+  def __init__(self, text: str, clean_up: bool, *,
+               fix: str = ("copy the checkpoint's file again or delete it (sentencepiece then "
+                           "runs the model file)")):
+    tokenizers = _import_tokenizers()
+    self.text = str(text)
+    try:
+      self.backend = tokenizers.Tokenizer.from_str(self.text)
+    except Exception as error:  # the Rust side raises plain Exceptions
+      raise ValueError(f"tokenizer.json cannot be read by the tokenizers library ({error}): "
+                       f"{fix}") from None
+    self.backend.no_truncation()
+    self.backend.no_padding()
+    self.clean_up = clean_up  # transformers' clean_up_tokenization when decoding
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    return [list(e.ids) for e in self.backend.encode_batch(list(texts),
+                                                            add_special_tokens=False)]
+
+  def decode(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    texts = self.backend.decode_batch([list(row) for row in rows], skip_special_tokens=True)
+    return [_clean_up_spaces(text) for text in texts] if self.clean_up else list(texts)
+
+
+def _read_tokenizer_json(directory: pathlib.Path) -> str | None:
+  path = directory / "tokenizer.json"
+  return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# What the families share
+
+# to_dict fields that hold a model file's bytes (base64 in the dict).
+_BINARY_FIELDS = ("source_spm", "target_spm", "spm_model")
+# A saved file's content: bytes, text, or a vocabulary written as JSON (None: not written).
+_FileContent = bytes | str | Mapping[str, int] | None
+
+
+class _Tokenizer:
+  """What every tokenizer here shares: its dict form, its saved directory, decoding rows
+  that end at EOS, a repr.
+
+  A family sets ``kind`` (its dict's tag), ``_FIELDS`` (its ``__init__`` keywords,
+  which are its dict's fields too: name -> whether ``from_dict`` requires it),
+  ``_TOKENIZER_CLASS`` (transformers' class, written to tokenizer_config.json) and
+  ``_START_IS_EOS`` (generated rows start with EOS, the decoder start, dropped when
+  decoding), and implements ``_arguments``, ``_files`` and ``_decode``.
+  """
+
+  kind: str
+  _FIELDS: Mapping[str, bool]
+  _TOKENIZER_CLASS: str
+  _START_IS_EOS = False
+  _config: dict[str, Any]
+  eos_id: int
+  vocab_size: int
+  languages: tuple[str, ...]
+
+  def __repr__(self) -> str:
+    return (f"{type(self).__name__}(vocab_size={self.vocab_size}, "
+            f"languages={len(self.languages)})")
+
+  def _arguments(self) -> dict[str, Any]:
+    """The ``__init__`` keywords that rebuild this tokenizer, in its dict's order (model
+    files as bytes)."""
+    raise NotImplementedError
+
+  def _files(self) -> dict[str, _FileContent]:
+    """File name -> content of a saved directory, tokenizer_config.json aside."""
+    raise NotImplementedError
+
+  def _saved_config(self) -> dict[str, Any]:
+    """tokenizer_config.json as ``save`` writes it."""
+    return {"tokenizer_class": self._TOKENIZER_CLASS, **self._config}
+
+  def _decode(self, ids: Sequence[int]) -> str:
+    raise NotImplementedError
+
+  def _decode_rows(self, rows: list[list[int]]) -> list[str]:
+    return [self._decode(row) for row in rows]
+
+  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
+    """Text of each row up to its first EOS: ``batch_decode(rows, skip_special_tokens=True)``.
+
+    For the families whose decoding starts from EOS (M2M100, NLLB, mBART-50) a leading
+    EOS, the decoder start, is dropped first.
+    """
+    return self._decode_rows([_truncate_at_eos(row, self.eos_id, self._START_IS_EOS)
+                              for row in rows])
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable copy (model files in base64); ``from_dict`` restores it."""
+    d: dict[str, Any] = {"kind": self.kind, "format_version": _FORMAT_VERSION}
+    for key, value in self._arguments().items():
+      d[key] = _b64(value) if isinstance(value, bytes) else value
+    return d
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> Self:
+    """The tokenizer of a ``to_dict()``."""
+    _check_kind(d, cls.kind)
+    kwargs = {}
+    for key, required in cls._FIELDS.items():
+      if key in _BINARY_FIELDS:
+        kwargs[key] = _unb64(d, key, cls.kind)
+      else:
+        kwargs[key] = _field(d, key, cls.kind) if required else d.get(key)
+    return cls(**kwargs)
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes a directory that the family's tokenizer in transformers (``MarianTokenizer``,
+    ``M2M100Tokenizer``, ...) loads with ``from_pretrained``."""
+    directory = pathlib.Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in self._files().items():
+      if isinstance(content, bytes):
+        (directory / name).write_bytes(content)
+      elif isinstance(content, str):
+        (directory / name).write_text(content, encoding="utf-8")
+      elif content is not None:
+        _write_json(directory / name, content)
+    _write_json(directory / "tokenizer_config.json", self._saved_config())
+
+
+class _LanguageCodes(_Tokenizer):
+  """The families that mark the language on both sides (M2M100, NLLB, mBART-50): a code
+  token per language (``_lang_ids``), ``[code] pieces </s>`` on each side (``_encode``),
+  the target's code forced first when decoding, which starts from EOS."""
+
+  _START_IS_EOS = True
+  _lang_ids: dict[str, int]
+
+  def _encode(self, texts: Sequence[str], code: int) -> list[list[int]]:
+    raise NotImplementedError
+
+  def _lang_id(self, lang: str | None, side: str) -> int:
+    name = type(self).__name__
+    if lang is None:
+      lang = self._config.get("src_lang" if side == "source" else "tgt_lang")
+    if lang is None:
+      raise _unknown_language(lang, self.languages,
+                              f"{name}: pass the {side} language (lang=...)")
+    if lang not in self._lang_ids:
+      raise _unknown_language(lang, self.languages, f"{name} ({side} side)")
+    return self._lang_ids[lang]
+
+  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
+                    target_lang: str | None = None) -> list[list[int]]:
+    """``[code] pieces </s>`` per text, as ``tokenizer(texts)`` with ``src_lang=lang``.
+
+    Args:
+      texts: sentences.
+      lang: the source language; None takes ``src_lang`` of tokenizer_config.json and
+        raises when that is unset (transformers would silently use a default).
+      target_lang: only checked: these families force the target code on the decoder side.
+    """
+    if target_lang is not None:
+      self._lang_id(target_lang, "target")
+    return self._encode(texts, self._lang_id(lang, "source"))
+
+  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
+    """``[code] pieces </s>`` per text, as ``tokenizer(text_target=texts)`` with
+    ``tgt_lang=lang`` (None: ``tgt_lang`` of tokenizer_config.json, else an error)."""
+    return self._encode(texts, self._lang_id(lang, "target"))
+
+  def target_prefix(self, lang: str | None = None) -> list[int]:
+    """``[id of lang's code]``: what generation forces after the decoder start (EOS)."""
+    return [self._lang_id(lang, "target")]
+
+
+class _SentencePieceModel(_Tokenizer):
+  """The families whose tokenizer is one sentencepiece model file (``_SPM_FILE``) and,
+  when the directory has one, ``tokenizer.json`` (mBART-50, T5): with it, the pieces
+  come from the ``tokenizers`` library running that file, as transformers 5 runs it;
+  without it, from sentencepiece. ``_FIX`` says how to mend a directory without them."""
+
+  _FIELDS = {"spm_model": True, "config": True, "tokenizer_json": False}
+  _SPM_FILE: str
+  _FIX: str
+  _CONFIG_OPTIONAL = False  # a directory without tokenizer_config.json takes the defaults
+
+  def __init__(self, *, spm_model: bytes, config: Mapping[str, Any],
+               tokenizer_json: str | None = None):
+    """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
+    self._config = dict(config)
+    self._spm_bytes = bytes(spm_model)
+    self._sp = _load_processor(self._spm_bytes, self._SPM_FILE,
+                               self._config.get("sp_model_kwargs") or {})
+    self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
+    self._json = None if tokenizer_json is None else _JsonPieces(tokenizer_json, self._clean_up)
+
+  @classmethod
+  def from_directory(cls, path: str | os.PathLike) -> Self:
+    """Reads the sentencepiece model, ``tokenizer_config.json`` and, when present,
+    ``tokenizer.json``."""
+    directory = pathlib.Path(path).expanduser()
+    config = _read_config(directory, cls._FIX, optional=cls._CONFIG_OPTIONAL)
+    return cls(spm_model=_read_bytes(directory / cls._SPM_FILE, cls._FIX), config=config,
+               tokenizer_json=_read_tokenizer_json(directory))
+
+  def _piece_ids(self, ids: Sequence[int]) -> list[int]:
+    """The sentencepiece ids of the ids decoding keeps."""
+    raise NotImplementedError
+
+  def _decode(self, ids: Sequence[int]) -> str:
+    text = self._sp.decode(self._piece_ids(ids))
+    return _clean_up_spaces(text) if self._clean_up else text
+
+  def _decode_rows(self, rows: list[list[int]]) -> list[str]:
+    return self._json.decode(rows) if self._json is not None else super()._decode_rows(rows)
+
+  def _arguments(self) -> dict[str, Any]:
+    arguments = {"spm_model": self._spm_bytes, "config": dict(self._config)}
+    if self._json is not None:
+      arguments["tokenizer_json"] = self._json.text
+    return arguments
+
+  def _files(self) -> dict[str, _FileContent]:
+    return {self._SPM_FILE: self._spm_bytes,
+            "tokenizer.json": None if self._json is None else self._json.text}
+
+  def _saved_config(self) -> dict[str, Any]:
+    config = {key: value for key, value in self._config.items()
+              if key not in ("backend", "added_tokens_decoder")}
+    return {**config, "tokenizer_class": self._TOKENIZER_CLASS}
+
+
+# ---------------------------------------------------------------------------------------------
 # Marian (OPUS-MT)
 
 
-class MarianTokenizer:
+class MarianTokenizer(_Tokenizer):
   """OPUS-MT's tokenizer: source and target sentencepiece models, one or two vocabularies.
 
   Matches transformers' ``MarianTokenizer``: no text normalisation (its Moses
@@ -324,6 +611,9 @@ class MarianTokenizer:
   """
 
   kind = "marian"
+  _FIELDS = {"source_spm": True, "target_spm": True, "vocab": True, "target_vocab": False,
+             "config": True}
+  _TOKENIZER_CLASS = "MarianTokenizer"
 
   def __init__(self, *, source_spm: bytes, target_spm: bytes, vocab: Mapping[str, int],
                target_vocab: Mapping[str, int] | None, config: Mapping[str, Any]):
@@ -369,10 +659,7 @@ class MarianTokenizer:
     separate vocabularies) and ``tokenizer_config.json`` from a ``save_pretrained`` directory."""
     directory = pathlib.Path(path).expanduser()
     fix = "save the tokenizer with transformers' MarianTokenizer.save_pretrained here"
-    config = _read_json(directory / "tokenizer_config.json", fix)
-    if not isinstance(config, dict):
-      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
-    config = _legacy_merge(config, directory)
+    config = _read_config(directory, fix)
     target_vocab = None
     if config.get("separate_vocabs", False):
       target_vocab = _read_json(directory / "target_vocab.json",
@@ -473,42 +760,21 @@ class MarianTokenizer:
     text = (text + sp.decode_pieces(pending)).replace(_SPIECE_SPACE, " ").strip()
     return _clean_up_spaces(text) if self._clean_up else text
 
-  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
-    """Text of each row up to its first EOS: ``batch_decode(rows, skip_special_tokens=True)``."""
-    return [self._decode(_truncate_at_eos(row, self.eos_id, False)) for row in rows]
-
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-serialisable copy (sentencepiece models in base64); ``from_dict`` restores it."""
-    return {"kind": self.kind, "format_version": _FORMAT_VERSION,
-            "source_spm": _b64(self._source_bytes), "target_spm": _b64(self._target_bytes),
+  def _arguments(self) -> dict[str, Any]:
+    return {"source_spm": self._source_bytes, "target_spm": self._target_bytes,
             "vocab": dict(self._vocab), "target_vocab": self._target_vocab,
             "config": dict(self._config)}
 
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> MarianTokenizer:
-    _check_kind(d, cls.kind)
-    return cls(source_spm=_unb64(d, "source_spm", cls.kind),
-               target_spm=_unb64(d, "target_spm", cls.kind), vocab=_field(d, "vocab", cls.kind),
-               target_vocab=d.get("target_vocab"), config=_field(d, "config", cls.kind))
-
-  def save(self, path: str | os.PathLike) -> None:
-    """Writes a directory that transformers' ``MarianTokenizer.from_pretrained`` loads."""
-    directory = pathlib.Path(path).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "source.spm").write_bytes(self._source_bytes)
-    (directory / "target.spm").write_bytes(self._target_bytes)
-    _write_json(directory / "vocab.json", self._vocab)
-    if self._target_vocab is not None:
-      _write_json(directory / "target_vocab.json", self._target_vocab)
-    _write_json(directory / "tokenizer_config.json",
-                {"tokenizer_class": "MarianTokenizer", **self._config})
+  def _files(self) -> dict[str, _FileContent]:
+    return {"source.spm": self._source_bytes, "target.spm": self._target_bytes,
+            "vocab.json": self._vocab, "target_vocab.json": self._target_vocab}
 
 
 # ---------------------------------------------------------------------------------------------
 # M2M100
 
 
-class M2M100Tokenizer:
+class M2M100Tokenizer(_LanguageCodes):
   """M2M100's tokenizer: one sentencepiece model, a fairseq vocabulary, language-code tokens.
 
   Ids are ``[__lang__] pieces </s>`` on both sides, as in transformers 5. The
@@ -525,6 +791,8 @@ class M2M100Tokenizer:
   """
 
   kind = "m2m_100"
+  _FIELDS = {"spm_model": True, "vocab": True, "config": True}
+  _TOKENIZER_CLASS = "M2M100Tokenizer"
 
   def __init__(self, *, spm_model: bytes, vocab: Mapping[str, int], config: Mapping[str, Any]):
     """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
@@ -565,15 +833,9 @@ class M2M100Tokenizer:
     """Reads ``vocab.json``, ``sentencepiece.bpe.model`` and ``tokenizer_config.json``."""
     directory = pathlib.Path(path).expanduser()
     fix = "save the tokenizer with transformers' M2M100Tokenizer.save_pretrained here"
-    config = _read_json(directory / "tokenizer_config.json", fix)
-    if not isinstance(config, dict):
-      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
-    config = _legacy_merge(config, directory)
     return cls(spm_model=_read_bytes(directory / "sentencepiece.bpe.model", fix),
-               vocab=_read_json(directory / "vocab.json", fix), config=config)
-
-  def __repr__(self) -> str:
-    return f"M2M100Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
+               vocab=_read_json(directory / "vocab.json", fix),
+               config=_read_config(directory, fix))
 
   def _token_id(self, token: str) -> int:
     if token in self._added.ids:
@@ -589,16 +851,6 @@ class M2M100Tokenizer:
       return self._id_to_lang_token[index]
     return self._id_to_piece.get(index, self._unk_token)
 
-  def _lang_id(self, lang: str | None, side: str) -> int:
-    if lang is None:
-      lang = self._config.get("src_lang" if side == "source" else "tgt_lang")
-    if lang is None:
-      raise _unknown_language(lang, self.languages,
-                              f"M2M100Tokenizer: pass the {side} language (lang=...)")
-    if lang not in self._lang_ids:
-      raise _unknown_language(lang, self.languages, f"M2M100Tokenizer ({side} side)")
-    return self._lang_ids[lang]
-
   def _pieces(self, text: str) -> list[int]:
     ids = []
     for segment in self._added.split(text):
@@ -608,30 +860,8 @@ class M2M100Tokenizer:
         ids += [self._token_id(piece) for piece in self._sp.encode(segment, out_type=str)]
     return ids
 
-  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
-                    target_lang: str | None = None) -> list[list[int]]:
-    """``[__lang__] pieces </s>`` per text, as ``tokenizer(texts)`` with ``src_lang=lang``.
-
-    Args:
-      texts: sentences.
-      lang: the source language; None takes ``src_lang`` of tokenizer_config.json and
-        raises when that is unset (transformers would silently use ``en``).
-      target_lang: only checked: M2M100 forces the target code on the decoder side.
-    """
-    if target_lang is not None:
-      self._lang_id(target_lang, "target")
-    lang_id = self._lang_id(lang, "source")
-    return [[lang_id, *self._pieces(text), self.eos_id] for text in texts]
-
-  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
-    """``[__lang__] pieces </s>`` per text, as ``tokenizer(text_target=texts)`` with
-    ``tgt_lang=lang`` (None: ``tgt_lang`` of tokenizer_config.json, else an error)."""
-    lang_id = self._lang_id(lang, "target")
-    return [[lang_id, *self._pieces(text), self.eos_id] for text in texts]
-
-  def target_prefix(self, lang: str | None = None) -> list[int]:
-    """``[id of __lang__]``: what generation forces after the decoder start (EOS)."""
-    return [self._lang_id(lang, "target")]
+  def _encode(self, texts: Sequence[str], code: int) -> list[list[int]]:
+    return [[code, *self._pieces(text), self.eos_id] for text in texts]
 
   def _decode(self, ids: Sequence[int]) -> str:
     text, pending = "", []
@@ -647,83 +877,19 @@ class M2M100Tokenizer:
     text = (text + self._sp.decode(pending)).strip()
     return _clean_up_spaces(text) if self._clean_up else text
 
-  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
-    """Text of each row, ``batch_decode(rows, skip_special_tokens=True)``: a leading EOS (the
-    decoder start) is dropped and decoding stops at the next EOS."""
-    return [self._decode(_truncate_at_eos(row, self.eos_id, True)) for row in rows]
-
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-serialisable copy (sentencepiece model in base64); ``from_dict`` restores it."""
-    return {"kind": self.kind, "format_version": _FORMAT_VERSION,
-            "spm_model": _b64(self._spm_bytes), "vocab": dict(self._vocab),
+  def _arguments(self) -> dict[str, Any]:
+    return {"spm_model": self._spm_bytes, "vocab": dict(self._vocab),
             "config": dict(self._config)}
 
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> M2M100Tokenizer:
-    _check_kind(d, cls.kind)
-    return cls(spm_model=_unb64(d, "spm_model", cls.kind), vocab=_field(d, "vocab", cls.kind),
-               config=_field(d, "config", cls.kind))
-
-  def save(self, path: str | os.PathLike) -> None:
-    """Writes a directory that transformers' ``M2M100Tokenizer.from_pretrained`` loads."""
-    directory = pathlib.Path(path).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sentencepiece.bpe.model").write_bytes(self._spm_bytes)
-    _write_json(directory / "vocab.json", self._vocab)
-    _write_json(directory / "tokenizer_config.json",
-                {"tokenizer_class": "M2M100Tokenizer", **self._config})
+  def _files(self) -> dict[str, _FileContent]:
+    return {"sentencepiece.bpe.model": self._spm_bytes, "vocab.json": self._vocab}
 
 
 # ---------------------------------------------------------------------------------------------
 # NLLB-200
 
 
-def _import_tokenizers():
-  try:
-    import tokenizers  # noqa: PLC0415 - optional: only NLLB needs it
-  except ImportError:
-    raise ImportError("NLLB's tokenizer is a tokenizer.json of the 'tokenizers' library: "
-                      "pip install tokenizers") from None
-  return tokenizers
-
-
-class _JsonPieces:
-  """The pieces of a ``tokenizer.json`` run by the ``tokenizers`` library, without the
-  special tokens its post-processor adds (the tokenizer classes place those).
-
-  transformers 5 runs this file for mBART-50 and the T5 family: its pipeline (a
-  ``▁`` piece for a trailing space or a run of spaces, added tokens cut out of the
-  text with their own spacing) differs from sentencepiece's at those places.
-  """
-
-  def __init__(self, text: str, clean_up: bool):
-    tokenizers = _import_tokenizers()
-    self.text = str(text)
-    try:
-      self._backend = tokenizers.Tokenizer.from_str(self.text)
-    except Exception as error:  # the Rust side raises plain Exceptions
-      raise ValueError(f"tokenizer.json cannot be read by the tokenizers library ({error}): "
-                       "copy the checkpoint's file again or delete it (sentencepiece then "
-                       "runs the model file)") from None
-    self._backend.no_truncation()
-    self._backend.no_padding()
-    self._clean_up = clean_up
-
-  def encode(self, texts: Sequence[str]) -> list[list[int]]:
-    return [list(e.ids) for e in self._backend.encode_batch(list(texts),
-                                                             add_special_tokens=False)]
-
-  def decode(self, rows: Sequence[Sequence[int]]) -> list[str]:
-    texts = self._backend.decode_batch([list(row) for row in rows], skip_special_tokens=True)
-    return [_clean_up_spaces(text) for text in texts] if self._clean_up else list(texts)
-
-
-def _read_tokenizer_json(directory: pathlib.Path) -> str | None:
-  path = directory / "tokenizer.json"
-  return path.read_text(encoding="utf-8") if path.is_file() else None
-
-
-class NllbTokenizer:
+class NllbTokenizer(_LanguageCodes):
   """NLLB-200's tokenizer from ``tokenizer.json`` (transformers 5 has no sentencepiece form).
 
   The pieces come from the ``tokenizers`` library running the file's own
@@ -739,119 +905,56 @@ class NllbTokenizer:
   """
 
   kind = "nllb"
+  _FIELDS = {"tokenizer_json": True, "config": True}
+  _TOKENIZER_CLASS = "NllbTokenizer"
 
   def __init__(self, *, tokenizer_json: str, config: Mapping[str, Any]):
     """Builds the tokenizer from the text of tokenizer.json and tokenizer_config.json's dict."""
-    tokenizers = _import_tokenizers()
     self._config = dict(config)
-    self._json = str(tokenizer_json)
-    try:
-      self._backend = tokenizers.Tokenizer.from_str(self._json)
-    except Exception as error:  # the Rust side raises plain Exceptions
-      raise ValueError(f"tokenizer.json cannot be read by the tokenizers library ({error}): "
-                       "copy the checkpoint's file again") from None
-    self._backend.no_truncation()
-    self._backend.no_padding()
+    self._json = _JsonPieces(tokenizer_json, False, fix="copy the checkpoint's file again")
+    backend = self._json.backend
     self._legacy = bool(self._config.get("legacy_behaviour", False))
-
-    def required(name: str, default: str) -> int:
-      token = _named(self._config, name, default)
-      index = self._backend.token_to_id(token)
-      if index is None:
-        raise ValueError(f"tokenizer.json lacks {name} {token!r}: fix tokenizer_config.json "
-                         "or re-save the tokenizer with save_pretrained")
-      return index
-
-    self.eos_id = required("eos_token", "</s>")
-    self.pad_id = required("pad_token", "<pad>")
-    self.unk_id = required("unk_token", "<unk>")
-    self.vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
+    self.pad_id, self.eos_id, self.unk_id = _special_ids(
+        self._config, backend.token_to_id, "tokenizer.json lacks {name} {token}: fix "
+        "tokenizer_config.json or re-save the tokenizer with save_pretrained")
+    self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
     self.source_vocab_size = self.vocab_size
     self.vocab_file = "tokenizer.json"
-    added = sorted(self._backend.get_added_tokens_decoder().items())
-    self.languages: tuple[str, ...] = tuple(
-        token.content for _, token in added
-        if token.special and _NLLB_CODE.fullmatch(token.content))
-    model_type = json.loads(self._json).get("model", {}).get("type")
+    added = sorted(backend.get_added_tokens_decoder().items())
+    self._lang_ids = {token.content: index for index, token in added
+                      if token.special and _NLLB_CODE.fullmatch(token.content)}
+    self.languages: tuple[str, ...] = tuple(self._lang_ids)
+    model_type = json.loads(self._json.text).get("model", {}).get("type")
     # transformers skips the clean-up for BPE models (it would eat spaces before punctuation).
-    self._clean_up = (bool(self._config.get("clean_up_tokenization_spaces", False))
-                      and model_type != "BPE")
+    self._json.clean_up = (bool(self._config.get("clean_up_tokenization_spaces", False))
+                           and model_type != "BPE")
 
   @classmethod
   def from_directory(cls, path: str | os.PathLike) -> NllbTokenizer:
     """Reads ``tokenizer.json`` and ``tokenizer_config.json``."""
     directory = pathlib.Path(path).expanduser()
     fix = "save the tokenizer with transformers' NllbTokenizer.save_pretrained here"
-    config = _read_json(directory / "tokenizer_config.json", fix)
-    if not isinstance(config, dict):
-      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
+    config = _read_config(directory, fix, legacy=False)
     path_json = directory / "tokenizer.json"
     if not path_json.is_file():
       raise ValueError(f"{path_json} is missing: {fix} (transformers 5 writes NLLB's tokenizer "
                        "only as tokenizer.json)")
     return cls(tokenizer_json=path_json.read_text(encoding="utf-8"), config=config)
 
-  def __repr__(self) -> str:
-    return f"NllbTokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
-
-  def _lang_id(self, lang: str | None, side: str) -> int:
-    if lang is None:
-      lang = self._config.get("src_lang" if side == "source" else "tgt_lang")
-    if lang is None:
-      raise _unknown_language(lang, self.languages,
-                              f"NllbTokenizer: pass the {side} language (lang=...)")
-    if lang not in self.languages:
-      raise _unknown_language(lang, self.languages, f"NllbTokenizer ({side} side)")
-    return self._backend.token_to_id(lang)
-
-  def _encode(self, texts: Sequence[str], lang_id: int) -> list[list[int]]:
-    encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
+  def _encode(self, texts: Sequence[str], code: int) -> list[list[int]]:
+    rows = self._json.encode(texts)
     if self._legacy:
-      return [[*encoding.ids, self.eos_id, lang_id] for encoding in encodings]
-    return [[lang_id, *encoding.ids, self.eos_id] for encoding in encodings]
+      return [[*row, self.eos_id, code] for row in rows]
+    return [[code, *row, self.eos_id] for row in rows]
 
-  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
-                    target_lang: str | None = None) -> list[list[int]]:
-    """Source ids, as ``tokenizer(texts)`` with ``src_lang=lang`` (None: the config's
-    ``src_lang``, else an error); ``target_lang`` is only checked (NLLB forces the
-    target code on the decoder side)."""
-    if target_lang is not None:
-      self._lang_id(target_lang, "target")
-    return self._encode(texts, self._lang_id(lang, "source"))
+  def _decode_rows(self, rows: list[list[int]]) -> list[str]:
+    return self._json.decode(rows)
 
-  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
-    """Target ids, as ``tokenizer(text_target=texts)`` with ``tgt_lang=lang``."""
-    return self._encode(texts, self._lang_id(lang, "target"))
+  def _arguments(self) -> dict[str, Any]:
+    return {"tokenizer_json": self._json.text, "config": dict(self._config)}
 
-  def target_prefix(self, lang: str | None = None) -> list[int]:
-    """``[id of lang]``: what generation forces after the decoder start (EOS)."""
-    return [self._lang_id(lang, "target")]
-
-  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
-    """Text of each row, ``batch_decode(rows, skip_special_tokens=True)``: a leading EOS (the
-    decoder start) is dropped and decoding stops at the next EOS."""
-    rows = [_truncate_at_eos(row, self.eos_id, True) for row in rows]
-    texts = self._backend.decode_batch(rows, skip_special_tokens=True)
-    return [_clean_up_spaces(text) for text in texts] if self._clean_up else list(texts)
-
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-serialisable copy (tokenizer.json as text); ``from_dict`` restores it."""
-    return {"kind": self.kind, "format_version": _FORMAT_VERSION, "tokenizer_json": self._json,
-            "config": dict(self._config)}
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> NllbTokenizer:
-    _check_kind(d, cls.kind)
-    return cls(tokenizer_json=_field(d, "tokenizer_json", cls.kind),
-               config=_field(d, "config", cls.kind))
-
-  def save(self, path: str | os.PathLike) -> None:
-    """Writes a directory that transformers' ``NllbTokenizer.from_pretrained`` loads."""
-    directory = pathlib.Path(path).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tokenizer.json").write_text(self._json, encoding="utf-8")
-    _write_json(directory / "tokenizer_config.json",
-                {"tokenizer_class": "NllbTokenizer", **self._config})
+  def _files(self) -> dict[str, _FileContent]:
+    return {"tokenizer.json": self._json.text}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -866,34 +969,7 @@ _MBART50_LANGUAGE_CODES = tuple(
 _FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0-3 of fairseq's vocabularies
 
 
-def _spm_dict(kind: str, spm_bytes: bytes, config: Mapping[str, Any],
-              pieces: _JsonPieces | None) -> dict[str, Any]:
-  d = {"kind": kind, "format_version": _FORMAT_VERSION, "spm_model": _b64(spm_bytes),
-       "config": dict(config)}
-  if pieces is not None:
-    d["tokenizer_json"] = pieces.text
-  return d
-
-
-def _split_atomic(text: str, pattern: re.Pattern | None) -> list[str]:
-  """``text`` cut before and after each match of ``pattern`` (tokens never split), empty
-  segments dropped."""
-  if pattern is None:
-    return [text] if text else []
-  segments, start = [], 0
-  for match in pattern.finditer(text):
-    segments += [text[start:match.start()], match.group()]
-    start = match.end()
-  segments.append(text[start:])
-  return [segment for segment in segments if segment]
-
-
-def _atomic_pattern(tokens: Sequence[str]) -> re.Pattern | None:
-  by_length = sorted(set(tokens), key=len, reverse=True)
-  return re.compile("|".join(map(re.escape, by_length))) if by_length else None
-
-
-class MBart50Tokenizer:
+class MBart50Tokenizer(_LanguageCodes, _SentencePieceModel):
   """mBART-50's tokenizer: its sentencepiece model in fairseq's layout, 52 language codes.
 
   Ids: ``<s> <pad> </s> <unk>`` are 0-3, the model's piece i is i + 1, then the
@@ -916,14 +992,16 @@ class MBart50Tokenizer:
   """
 
   kind = "mbart50"
+  _TOKENIZER_CLASS = "MBart50Tokenizer"
+  _SPM_FILE = "sentencepiece.bpe.model"
+  _FIX = ("copy the checkpoint's sentencepiece.bpe.model and tokenizer_config.json here "
+          "(the published mBART-50 checkpoints ship them; transformers 5's save_pretrained "
+          "writes only tokenizer.json)")
 
   def __init__(self, *, spm_model: bytes, config: Mapping[str, Any],
                tokenizer_json: str | None = None):
     """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
-    self._config = dict(config)
-    self._spm_bytes = bytes(spm_model)
-    self._sp = _load_processor(self._spm_bytes, "sentencepiece.bpe.model",
-                               self._config.get("sp_model_kwargs") or {})
+    super().__init__(spm_model=spm_model, config=config, tokenizer_json=tokenizer_json)
     pieces = self._sp.get_piece_size()
     self.languages: tuple[str, ...] = _MBART50_LANGUAGE_CODES
     self._lang_ids = {code: pieces + 1 + i for i, code in enumerate(self.languages)}
@@ -937,34 +1015,6 @@ class MBart50Tokenizer:
     self.vocab_size = pieces + 2 + len(self.languages)
     self.source_vocab_size = self.vocab_size
     self.vocab_file = "sentencepiece.bpe.model"  # plus the codes and <mask>
-    self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
-    self._json = None if tokenizer_json is None else _JsonPieces(tokenizer_json, self._clean_up)
-
-  @classmethod
-  def from_directory(cls, path: str | os.PathLike) -> MBart50Tokenizer:
-    """Reads ``sentencepiece.bpe.model``, ``tokenizer_config.json`` and, when present,
-    ``tokenizer.json``."""
-    directory = pathlib.Path(path).expanduser()
-    fix = ("copy the checkpoint's sentencepiece.bpe.model and tokenizer_config.json here "
-           "(the published mBART-50 checkpoints ship them; transformers 5's save_pretrained "
-           "writes only tokenizer.json)")
-    config = _read_json(directory / "tokenizer_config.json", fix)
-    if not isinstance(config, dict):
-      raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
-    config = _legacy_merge(config, directory)
-    return cls(spm_model=_read_bytes(directory / "sentencepiece.bpe.model", fix), config=config,
-               tokenizer_json=_read_tokenizer_json(directory))
-
-  def __repr__(self) -> str:
-    return f"MBart50Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
-
-  def _lang_id(self, lang: str | None, side: str) -> int:
-    if lang is None:
-      lang = self._config.get("src_lang" if side == "source" else "tgt_lang")
-    if lang is None or lang not in self._lang_ids:
-      raise _unknown_language(lang, self.languages, f"MBart50Tokenizer ({side} side; pass "
-                                                    "lang=... such as 'de_DE')")
-    return self._lang_ids[lang]
 
   def _pieces(self, text: str) -> list[int]:
     ids = []
@@ -976,65 +1026,15 @@ class MBart50Tokenizer:
         ids.append(self.unk_id if self._sp.is_unknown(piece) else piece + 1)
     return ids
 
-  def encode_source(self, texts: Sequence[str], lang: str | None = None, *,
-                    target_lang: str | None = None) -> list[list[int]]:
-    """``[code] pieces </s>`` per text, as ``tokenizer(texts)`` with ``src_lang=lang``
-    (None: ``src_lang`` of tokenizer_config.json); ``target_lang`` is only checked."""
-    if target_lang is not None:
-      self._lang_id(target_lang, "target")
-    return self._encode(texts, self._lang_id(lang, "source"))
-
-  def encode_target(self, texts: Sequence[str], lang: str | None = None) -> list[list[int]]:
-    """``[code] pieces </s>`` per text, as ``tokenizer(text_target=texts)`` with
-    ``tgt_lang=lang``."""
-    return self._encode(texts, self._lang_id(lang, "target"))
-
   def _encode(self, texts: Sequence[str], code: int) -> list[list[int]]:
     rows = (self._json.encode(texts) if self._json is not None
             else [self._pieces(text) for text in texts])
     return [[code, *row, self.eos_id] for row in rows]
 
-  def target_prefix(self, lang: str | None = None) -> list[int]:
-    """``[id of lang]``: what generation forces after the decoder start (EOS)."""
-    return [self._lang_id(lang, "target")]
-
-  def _decode(self, ids: Sequence[int]) -> str:
+  def _piece_ids(self, ids: Sequence[int]) -> list[int]:
     # Special ids (codes, <s>, <pad>, </s>, <unk>, <mask>) are skipped, as
     # skip_special_tokens does; the rest are the model's pieces shifted by one.
-    pieces = [i - 1 for i in ids if 4 <= i <= self._pieces_count]
-    text = self._sp.decode(pieces)
-    return _clean_up_spaces(text) if self._clean_up else text
-
-  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
-    """Text of each row, ``batch_decode(rows, skip_special_tokens=True)``: a leading EOS (the
-    decoder start) is dropped and decoding stops at the next EOS."""
-    rows = [_truncate_at_eos(row, self.eos_id, True) for row in rows]
-    if self._json is not None:
-      return self._json.decode(rows)
-    return [self._decode(row) for row in rows]
-
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-serialisable copy (sentencepiece model in base64, tokenizer.json as text);
-    ``from_dict`` restores it."""
-    return _spm_dict(self.kind, self._spm_bytes, self._config, self._json)
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> MBart50Tokenizer:
-    _check_kind(d, cls.kind)
-    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind),
-               tokenizer_json=d.get("tokenizer_json"))
-
-  def save(self, path: str | os.PathLike) -> None:
-    """Writes a directory that transformers' ``MBart50Tokenizer.from_pretrained`` loads."""
-    directory = pathlib.Path(path).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sentencepiece.bpe.model").write_bytes(self._spm_bytes)
-    if self._json is not None:
-      (directory / "tokenizer.json").write_text(self._json.text, encoding="utf-8")
-    config = {key: value for key, value in self._config.items()
-              if key not in ("backend", "added_tokens_decoder")}
-    _write_json(directory / "tokenizer_config.json",
-                {**config, "tokenizer_class": "MBart50Tokenizer"})
+    return [i - 1 for i in ids if 4 <= i <= self._pieces_count]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1043,7 +1043,7 @@ class MBart50Tokenizer:
 _MADLAD_CODE = re.compile(r"<2([^<>\s]+)>")
 
 
-class T5Tokenizer:
+class T5Tokenizer(_SentencePieceModel):
   """The T5 family's tokenizer: ``spiece.model`` run by sentencepiece, ``<extra_id_N>`` after it.
 
   Ids are the sentencepiece model's own (``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2 in T5's
@@ -1067,16 +1067,18 @@ class T5Tokenizer:
   """
 
   kind = "t5"
+  _TOKENIZER_CLASS = "T5Tokenizer"
+  _SPM_FILE = "spiece.model"
+  _FIX = ("copy the checkpoint's spiece.model here (the published T5, mT5 and MADLAD-400 "
+          "checkpoints ship it; transformers 5's save_pretrained writes only tokenizer.json)")
+  _CONFIG_OPTIONAL = True
 
   def __init__(self, *, spm_model: bytes, config: Mapping[str, Any],
                tokenizer_json: str | None = None):
     """Builds the tokenizer from in-memory files; ``from_directory`` reads them from disk."""
     from sentencepiece import sentencepiece_model_pb2  # noqa: PLC0415
 
-    self._config = dict(config)
-    self._spm_bytes = bytes(spm_model)
-    self._sp = _load_processor(self._spm_bytes, "spiece.model",
-                               self._config.get("sp_model_kwargs") or {})
+    super().__init__(spm_model=spm_model, config=config, tokenizer_json=tokenizer_json)
     pieces = self._sp.get_piece_size()
     extra_ids = self._config.get("extra_ids", 100)
     if not isinstance(extra_ids, int) or isinstance(extra_ids, bool) or extra_ids < 0:
@@ -1088,19 +1090,14 @@ class T5Tokenizer:
                     if p.type == sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED]
     self._atomic = {**{piece: self._sp.piece_to_id(piece) for piece in user_defined},
                     **self._sentinels}
-    self._pattern = _atomic_pattern(list(self._atomic))
 
-    def token_id(name: str, default: str) -> int:
-      token = _named(self._config, name, default)
+    def piece_id(token: str) -> int | None:
       index = self._sp.piece_to_id(token)
-      if self._sp.id_to_piece(index) != token:
-        raise ValueError(f"spiece.model has no {name} {token!r}: fix tokenizer_config.json or "
-                         "copy the checkpoint's spiece.model again")
-      return index
+      return index if self._sp.id_to_piece(index) == token else None
 
-    self.pad_id = token_id("pad_token", "<pad>")
-    self.eos_id = token_id("eos_token", "</s>")
-    self.unk_id = token_id("unk_token", "<unk>")
+    self.pad_id, self.eos_id, self.unk_id = _special_ids(
+        self._config, piece_id, "spiece.model has no {name} {token}: fix tokenizer_config.json "
+        "or copy the checkpoint's spiece.model again")
     # Special tokens written in the text are theirs, as transformers cuts them out.
     self._atomic.update({self._sp.id_to_piece(i): i
                          for i in (self.pad_id, self.eos_id, self.unk_id)})
@@ -1113,27 +1110,6 @@ class T5Tokenizer:
     self.languages: tuple[str, ...] = tuple(
         match.group(1) for i in range(pieces)
         if (match := _MADLAD_CODE.fullmatch(self._sp.id_to_piece(i))))
-    self._clean_up = bool(self._config.get("clean_up_tokenization_spaces", False))
-    self._json = None if tokenizer_json is None else _JsonPieces(tokenizer_json, self._clean_up)
-
-  @classmethod
-  def from_directory(cls, path: str | os.PathLike) -> T5Tokenizer:
-    """Reads ``spiece.model``, ``tokenizer_config.json`` (absent: T5's defaults) and,
-    when present, ``tokenizer.json``."""
-    directory = pathlib.Path(path).expanduser()
-    fix = ("copy the checkpoint's spiece.model here (the published T5, mT5 and MADLAD-400 "
-           "checkpoints ship it; transformers 5's save_pretrained writes only tokenizer.json)")
-    config: Any = {}
-    if (directory / "tokenizer_config.json").is_file():
-      config = _read_json(directory / "tokenizer_config.json", fix)
-      if not isinstance(config, dict):
-        raise ValueError(f"{directory / 'tokenizer_config.json'} must hold a JSON object: {fix}")
-    config = _legacy_merge(config, directory)
-    return cls(spm_model=_read_bytes(directory / "spiece.model", fix), config=config,
-               tokenizer_json=_read_tokenizer_json(directory))
-
-  def __repr__(self) -> str:
-    return f"T5Tokenizer(vocab_size={self.vocab_size}, languages={len(self.languages)})"
 
   def _check_target(self, lang: str | None) -> None:
     if lang is not None and lang not in self.languages:
@@ -1179,41 +1155,11 @@ class T5Tokenizer:
     self._check_target(lang)
     return []
 
-  def _decode(self, ids: Sequence[int]) -> str:
-    kept = [i for i in ids if i not in self._skipped and 0 <= i < self._pieces_count]
-    text = self._sp.decode(kept)
-    return _clean_up_spaces(text) if self._clean_up else text
+  def _piece_ids(self, ids: Sequence[int]) -> list[int]:
+    return [i for i in ids if i not in self._skipped and 0 <= i < self._pieces_count]
 
-  def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
-    """Text of each row up to its first EOS: ``batch_decode(rows, skip_special_tokens=True)``."""
-    rows = [_truncate_at_eos(row, self.eos_id, False) for row in rows]
-    if self._json is not None:
-      return self._json.decode(rows)
-    return [self._decode(row) for row in rows]
-
-  def to_dict(self) -> dict[str, Any]:
-    """A JSON-serialisable copy (sentencepiece model in base64, tokenizer.json as text);
-    ``from_dict`` restores it."""
-    return _spm_dict(self.kind, self._spm_bytes, self._config, self._json)
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> T5Tokenizer:
-    _check_kind(d, cls.kind)
-    return cls(spm_model=_unb64(d, "spm_model", cls.kind), config=_field(d, "config", cls.kind),
-               tokenizer_json=d.get("tokenizer_json"))
-
-  def save(self, path: str | os.PathLike) -> None:
-    """Writes a directory that transformers' ``T5Tokenizer.from_pretrained`` loads."""
-    directory = pathlib.Path(path).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "spiece.model").write_bytes(self._spm_bytes)
-    if self._json is not None:
-      (directory / "tokenizer.json").write_text(self._json.text, encoding="utf-8")
-    config = {key: value for key, value in self._config.items()
-              if key not in ("backend", "added_tokens_decoder")}
-    _write_json(directory / "tokenizer_config.json",
-                {**config, "tokenizer_class": "T5Tokenizer",
-                 "extra_ids": len(self._sentinels)})
+  def _saved_config(self) -> dict[str, Any]:
+    return {**super()._saved_config(), "extra_ids": len(self._sentinels)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1223,6 +1169,13 @@ PretrainedTokenizer = (MarianTokenizer | M2M100Tokenizer | NllbTokenizer | MBart
                        | T5Tokenizer)
 _KINDS = {cls.kind: cls for cls in (MarianTokenizer, M2M100Tokenizer, NllbTokenizer,
                                     MBart50Tokenizer, T5Tokenizer)}
+
+
+def _tokenizer_class(directory: pathlib.Path) -> str:
+  """``tokenizer_class`` of the directory's tokenizer_config.json ("" when unset)."""
+  config = _read_json(directory / "tokenizer_config.json", "save the tokenizer with "
+                      "transformers' save_pretrained into this directory")
+  return str(config.get("tokenizer_class") or "") if isinstance(config, dict) else ""
 
 
 def load_tokenizer(path: str | os.PathLike, model_type: str) -> PretrainedTokenizer:
@@ -1241,23 +1194,18 @@ def load_tokenizer(path: str | os.PathLike, model_type: str) -> PretrainedTokeni
   if model_type in ("t5", "mt5"):
     return T5Tokenizer.from_directory(directory)
   if model_type == "mbart":
-    config_path = directory / "tokenizer_config.json"
-    config = _read_json(config_path, "save the tokenizer with transformers' save_pretrained "
-                                     "into this directory")
-    tokenizer_class = str(config.get("tokenizer_class") or "") if isinstance(config, dict) else ""
+    tokenizer_class = _tokenizer_class(directory)
     if tokenizer_class and not tokenizer_class.startswith("MBart50"):
-      raise ValueError(f"{config_path}: tokenizer_class={tokenizer_class!r}; the mBART "
-                       "checkpoints this library reads are mBART-50's, with MBart50Tokenizer "
-                       "(mBART-25's MBartTokenizer puts the language code last and starts "
-                       "decoding with it); load with with_tokenizer=False for ids only")
+      raise ValueError(f"{directory / 'tokenizer_config.json'}: tokenizer_class="
+                       f"{tokenizer_class!r}; the mBART checkpoints this library reads are "
+                       "mBART-50's, with MBart50Tokenizer (mBART-25's MBartTokenizer puts the "
+                       "language code last and starts decoding with it); load with "
+                       "with_tokenizer=False for ids only")
     return MBart50Tokenizer.from_directory(directory)
   if model_type == "nllb":
     return NllbTokenizer.from_directory(directory)
   if model_type == "m2m_100":
-    config_path = directory / "tokenizer_config.json"
-    config = _read_json(config_path, "save the tokenizer with transformers' save_pretrained "
-                                     "into this directory")
-    tokenizer_class = str(config.get("tokenizer_class") or "") if isinstance(config, dict) else ""
+    tokenizer_class = _tokenizer_class(directory)
     is_nllb = tokenizer_class.startswith("Nllb") or (
         not tokenizer_class and (directory / "tokenizer.json").is_file()
         and not (directory / "vocab.json").is_file())

@@ -15,6 +15,7 @@ import pytest
 
 from seq2seq_jax.pretrained import fixtures
 from seq2seq_jax.pretrained import tokenizers
+from tests.pretrained.conftest import add_marian_tokens
 
 transformers = pytest.importorskip("transformers")
 
@@ -177,17 +178,9 @@ def _marian_with_codes(marian_dir, tmp_path, codes) -> pathlib.Path:
   """The test tokenizer with ``>>xx<<`` tokens before <pad>, as multilingual OPUS-MT has them."""
   directory = tmp_path / "marian-multi"
   directory.mkdir()
-  for name in ("source.spm", "target.spm", "tokenizer_config.json"):
+  for name in ("source.spm", "target.spm", "tokenizer_config.json", "vocab.json"):
     shutil.copy(marian_dir / name, directory / name)
-  vocab = json.loads((marian_dir / "vocab.json").read_text())
-  pad = vocab.pop("<pad>")
-  for code in codes:
-    vocab[f">>{code}<<"] = len(vocab)
-  vocab["<pad>"] = len(vocab)
-  (directory / "vocab.json").write_text(json.dumps(vocab))
-  config = json.loads((directory / "tokenizer_config.json").read_text())
-  config["added_tokens_decoder"][str(len(vocab) - 1)] = config["added_tokens_decoder"].pop(str(pad))
-  (directory / "tokenizer_config.json").write_text(json.dumps(config))
+  add_marian_tokens(directory, [f">>{code}<<" for code in codes])
   return directory
 
 
@@ -314,13 +307,7 @@ def test_m2m100_language_tokens_that_are_not_special(m2m100_dir, tmp_path, corpu
                                       if not v["content"].startswith("__")}
     return config
   directory = _edited_copy(m2m100_dir, tmp_path, "tokenizer_config.json", drop_language_specials)
-  ours = tokenizers.load_tokenizer(directory, "m2m_100")
-  reference = _reference(directory, "de", "en")
-  sources, targets = corpus
-  assert ours.encode_source(sources, "de") == reference(sources)["input_ids"]
-  rows = reference(text_target=targets)["input_ids"]
-  _assert_same_rows(ours.decode_batch(rows), _batch_decode(reference, rows), targets)
-  assert ours.decode_batch(rows[:1])[0].startswith("__en__ ")
+  assert _m2m100_first_decoded(directory, corpus).startswith("__en__ ")
 
 
 def test_m2m100_legacy_special_tokens_map(m2m100_dir, tmp_path, corpus):
@@ -335,13 +322,19 @@ def test_m2m100_legacy_special_tokens_map(m2m100_dir, tmp_path, corpus):
   (directory / "tokenizer_config.json").write_text(json.dumps(config))
   (directory / "special_tokens_map.json").write_text(json.dumps(
       {"eos_token": "</s>", "additional_special_tokens": languages}))
+  assert not _m2m100_first_decoded(directory, corpus).startswith("__en__")
+
+
+def _m2m100_first_decoded(directory, corpus) -> str:
+  """Our M2M100 tokenizer of ``directory`` against transformers' (source ids, the text of
+  target rows); returns the first target decoded."""
   ours = tokenizers.load_tokenizer(directory, "m2m_100")
   reference = _reference(directory, "de", "en")
   sources, targets = corpus
   assert ours.encode_source(sources, "de") == reference(sources)["input_ids"]
   rows = reference(text_target=targets)["input_ids"]
   _assert_same_rows(ours.decode_batch(rows), _batch_decode(reference, rows), targets)
-  assert not ours.decode_batch(rows[:1])[0].startswith("__en__")
+  return ours.decode_batch(rows[:1])[0]
 
 
 # ---------------------------------------------------------------------------------------------

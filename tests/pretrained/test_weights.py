@@ -21,6 +21,7 @@ import pytest
 from seq2seq_jax import pretrained
 from seq2seq_jax.pretrained import _io
 from seq2seq_jax.pretrained._convert import place
+from tests.pretrained.conftest import add_marian_tokens
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -49,6 +50,17 @@ def _header(path):
   raw = path.read_bytes()
   (length,) = struct.unpack("<Q", raw[:8])
   return length, json.loads(raw[8:8 + length])
+
+
+def _load_fails(directory, match, *, with_tokenizer=False):
+  """``pretrained.load(directory)`` raises a ValueError matching ``match``."""
+  with pytest.raises(ValueError, match=match):
+    pretrained.load(directory, with_tokenizer=with_tokenizer)
+
+
+def _edit_json(path, **fields):
+  """Sets ``fields`` in the JSON object of file ``path``."""
+  path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
 
 
 def _params_equal(a, b):
@@ -114,17 +126,13 @@ def test_sharded_index_errors_name_the_index_and_shard(random_dir, tmp_path):
   # The index says a tensor lies in the other shard.
   wrong = {**weight_map, names[0]: second}
   index.write_text(json.dumps({"weight_map": wrong}))
-  with pytest.raises(ValueError, match=rf"index.json: weight_map puts tensor '{names[0]}' in "
-                                       rf"{second}, which does not hold it"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, rf"index.json: weight_map puts tensor '{names[0]}' in "
+                    rf"{second}, which does not hold it")
   index.write_text(json.dumps({"weight_map": weight_map}))
   (copy / second).unlink()
-  with pytest.raises(ValueError, match=rf"index.json: names shard '{second}', which is not a "
-                                       "file"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, rf"index.json: names shard '{second}', which is not a file")
   index.write_text(json.dumps({"weights": {}}))
-  with pytest.raises(ValueError, match="index.json: field 'weight_map' is missing"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, "index.json: field 'weight_map' is missing")
 
 
 def test_truncated_data_names_the_file(random_dir, tmp_path):
@@ -132,9 +140,8 @@ def test_truncated_data_names_the_file(random_dir, tmp_path):
   path = copy / "model.safetensors"
   raw = path.read_bytes()
   path.write_bytes(raw[:len(raw) - 1000])
-  with pytest.raises(ValueError, match=r"model.safetensors: truncated or corrupt safetensors "
-                                       r"file \(tensor .* ends at data byte"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, r"model.safetensors: truncated or corrupt safetensors "
+                    r"file \(tensor .* ends at data byte")
 
 
 @pytest.mark.parametrize("cut", [4, 8 + 40, "header_end"])
@@ -145,8 +152,7 @@ def test_truncated_header_names_the_file(random_dir, tmp_path, cut):
   length, _ = _header(path)
   end = 8 + length - 3 if cut == "header_end" else cut
   path.write_bytes(raw[:end])
-  with pytest.raises(ValueError, match=r"model.safetensors: truncated or corrupt safetensors"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, r"model.safetensors: truncated or corrupt safetensors")
 
 
 def test_overwritten_header_names_the_file(random_dir, tmp_path):
@@ -155,14 +161,12 @@ def test_overwritten_header_names_the_file(random_dir, tmp_path):
   raw = bytearray(path.read_bytes())
   raw[8 + 100:8 + 110] = b"\x00" * 10
   path.write_bytes(bytes(raw))
-  with pytest.raises(ValueError, match=r"model.safetensors: truncated or corrupt safetensors "
-                                       r"file \(its \d+-byte header is not JSON"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, r"model.safetensors: truncated or corrupt safetensors "
+                    r"file \(its \d+-byte header is not JSON")
   raw = bytearray(path.read_bytes())
   raw[:8] = struct.pack("<Q", 1 << 40)  # a length field past the end of the file
   path.write_bytes(bytes(raw))
-  with pytest.raises(ValueError, match="the header length field says 1099511627776 bytes"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, "the header length field says 1099511627776 bytes")
 
 
 def test_nan_in_a_tensor_names_the_tensor(random_dir, tmp_path):
@@ -175,9 +179,8 @@ def test_nan_in_a_tensor_names_the_tensor(random_dir, tmp_path):
   middle = 8 + length + (begin + end) // 2 // 4 * 4
   raw[middle:middle + 12] = np.array([np.nan, np.inf, -np.inf], np.float32).tobytes()
   path.write_bytes(bytes(raw))
-  with pytest.raises(ValueError, match=rf"model.safetensors: tensor '{name}' \(48, 32\) holds 3 "
-                                       r"non-finite values \(NaN or infinity\)"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, rf"model.safetensors: tensor '{name}' \(48, 32\) holds 3 "
+                    r"non-finite values \(NaN or infinity\)")
   # The check can be turned off, for a file known to hold infinities on purpose.
   loaded = pretrained.load(copy, with_tokenizer=False, check_finite=False)
   kernel = loaded.params["encoder_layers_1"]["feed_forward"]["wi"]["kernel"]
@@ -186,14 +189,11 @@ def test_nan_in_a_tensor_names_the_tensor(random_dir, tmp_path):
 
 def test_shape_mismatch_names_tensor_parameter_and_file(random_dir, tmp_path):
   copy = _copy(random_dir, tmp_path)
-  config = json.loads((copy / "config.json").read_text())
-  config["decoder_ffn_dim"] = 56
-  (copy / "config.json").write_text(json.dumps(config))
-  with pytest.raises(ValueError, match=r"model.safetensors: tensor "
-                                       r"'model.decoder.layers.0.fc1.weight' has shape \(40, 32\), "
-                                       r"which does not fit parameter "
-                                       r"decoder_layers_0/feed_forward/wi/kernel \(32, 56\)"):
-    pretrained.load(copy, with_tokenizer=False)
+  _edit_json(copy / "config.json", decoder_ffn_dim=56)
+  _load_fails(copy, r"model.safetensors: tensor "
+                    r"'model.decoder.layers.0.fc1.weight' has shape \(40, 32\), "
+                    r"which does not fit parameter "
+                    r"decoder_layers_0/feed_forward/wi/kernel \(32, 56\)")
 
 
 def test_pickle_shards_only_say_how_to_write_safetensors(random_dir, tmp_path):
@@ -201,10 +201,9 @@ def test_pickle_shards_only_say_how_to_write_safetensors(random_dir, tmp_path):
   (copy / "model.safetensors").unlink()
   (copy / "pytorch_model.bin.index.json").write_text(json.dumps(
       {"weight_map": {"model.shared.weight": "pytorch_model-00001-of-00002.bin"}}))
-  with pytest.raises(ValueError, match=r"pytorch_model.bin.index.json: the weights are sharded "
-                                       r"PyTorch pickles .*save_pretrained\(.*"
-                                       r"safe_serialization=True\)"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, r"pytorch_model.bin.index.json: the weights are sharded "
+                    r"PyTorch pickles .*save_pretrained\(.*"
+                    r"safe_serialization=True\)")
 
 
 def test_damaged_pytorch_model_bin_says_how_to_write_safetensors(random_dir, tmp_path):
@@ -216,35 +215,22 @@ def test_damaged_pytorch_model_bin_says_how_to_write_safetensors(random_dir, tmp
                 pretrained.load(random_dir, with_tokenizer=False).params)
   raw = (copy / "pytorch_model.bin").read_bytes()
   (copy / "pytorch_model.bin").write_bytes(raw[:len(raw) // 2])
-  with pytest.raises(ValueError, match=r"pytorch_model.bin: .*truncated or corrupt.*"
-                                       r"safe_serialization=True"):
-    pretrained.load(copy, with_tokenizer=False)
+  _load_fails(copy, r"pytorch_model.bin: .*truncated or corrupt.*"
+                    r"safe_serialization=True")
 
 
 def test_tokenizer_larger_than_the_vocabulary_names_both_files(marian_dir, tmp_path):
   copy = _copy(marian_dir, tmp_path)
-  vocab = json.loads((copy / "vocab.json").read_text())
-  pad = vocab.pop("<pad>")
-  for i in range(5):
-    vocab[f"▁extra{i}"] = len(vocab)
-  vocab["<pad>"] = len(vocab)
-  (copy / "vocab.json").write_text(json.dumps(vocab))
-  config = json.loads((copy / "tokenizer_config.json").read_text())
-  config["added_tokens_decoder"][str(len(vocab) - 1)] = config["added_tokens_decoder"].pop(str(pad))
-  (copy / "tokenizer_config.json").write_text(json.dumps(config))
-  with pytest.raises(ValueError, match=r"vocab.json: the tokenizer has \d+ target ids but "
-                                       r".*config.json gives the model \d+ \(vocab_size\)"):
-    pretrained.load(copy)
+  add_marian_tokens(copy, [f"▁extra{i}" for i in range(5)])
+  _load_fails(copy, r"vocab.json: the tokenizer has \d+ target ids but "
+                    r".*config.json gives the model \d+ \(vocab_size\)", with_tokenizer=True)
 
 
 def test_t5_tokenizer_larger_than_the_vocabulary_names_both_files(t5_dir, tmp_path):
   copy = _copy(t5_dir, tmp_path)
-  config = json.loads((copy / "tokenizer_config.json").read_text())
-  config["extra_ids"] = 400
-  (copy / "tokenizer_config.json").write_text(json.dumps(config))
-  with pytest.raises(ValueError, match=r"spiece.model: the tokenizer has \d+ target ids but "
-                                       r".*config.json gives the model \d+"):
-    pretrained.load(copy)
+  _edit_json(copy / "tokenizer_config.json", extra_ids=400)
+  _load_fails(copy, r"spiece.model: the tokenizer has \d+ target ids but "
+                    r".*config.json gives the model \d+", with_tokenizer=True)
 
 
 def test_the_command_line_prints_one_error_line_not_a_traceback(random_dir, tmp_path):
