@@ -70,7 +70,7 @@ MAX_WORDS = 400  # the longest drawn pair; longer than the 256-token limit, as i
 # Padding targets, rates and limits of the issue ([data-scale] item 6).
 TARGETS = {"first batch s": 10.0, "one core slots/s/side": 2e6, "peak MB": 2000.0,
            "packing padding": 0.05}
-# Used only when benchmarks/results/tpu_compile.json lacks the rows (RESULTS.md, "TPU").
+# Used only when benchmarks/results/tpu_compile.json lacks the rows (RESULTS.md, "TPU estimates").
 FALLBACK_STEPS = [("v5e:2x4", "replicated", 128 * 256, 0.0330),
                   ("v5e:2x4", "fsdp", 128 * 256, 0.0304),
                   ("v4:2x2x1", "replicated", 128 * 256, 0.0456),

@@ -192,12 +192,12 @@ _SHORT_TRANSFORMER = dict(model=dict(model_dim=128, mlp_dim=512, dropout_rate=0.
 
 # Into German, 6000 pieces instead of 3000: German words split into more pieces (1.60
 # per word on the validation split against English's 1.38 with 3000), and the larger
-# vocabulary scored 1.3-2.2 BLEU higher on validation (benchmarks/RESULTS.md). Its
+# vocabulary scored 1.3-2.2 BLEU higher on validation (benchmarks/HISTORY.md). Its
 # larger softmax makes an update 10.6 % slower (timed on a Zen 5), so the updates are
 # cut to keep each run's time: 1400 -> 1250 and 5400 -> 4850. The 30-minute run takes
 # GELU in the feed-forward layers: 0.5 BLEU over ReLU on validation with beam 4 (two
 # seeds each), at no measurable cost per update; label smoothing 0 or 0.2, 8 heads, and 4+2 or 2+4 layers
-# did not beat the preset (benchmarks/RESULTS.md). Over the long run's 4850 updates GELU's
+# did not beat the preset (benchmarks/HISTORY.md). Over the long run's 4850 updates GELU's
 # lead in validation loss closed by update 4000 and it scored 0.45 lower with beam 4, so
 # the long run keeps ReLU.
 _EN_DE_VOCAB = 6000

@@ -109,7 +109,7 @@ def test_tiny_rnn_presets_differ_only_in_the_model():
 def test_long_presets_are_the_30_minute_ones_run_longer(long, base, steps):
   # The long recipe is the 30-minute one with more updates and more regularization, and
   # ReLU (GELU helped only the short en->de run); the ablation rows in
-  # benchmarks/RESULTS.md compare the two, so nothing else may drift.
+  # benchmarks/HISTORY.md compare the two, so nothing else may drift.
   expected = presets.apply_overrides(presets.get_preset(base), [
       "model.dropout_rate=0.1", f"train.num_steps={steps}", "model.activation=relu",
       "train.warmup_steps=400", "train.eval_every=1000", "train.checkpoint_every=500"])
