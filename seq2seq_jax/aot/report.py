@@ -15,10 +15,17 @@ slot of which the compiler costs; how many slots hold real tokens depends on the
 corpus, which a compile never sees. The report assumes ``ASSUMED_PACKING_FILL``
 (measured on one corpus, see there) and says so.
 
-XLA's cost analysis counts the body of a loop once. A decoding loop's steps are
-therefore costed by compiling one step without loops (``programs.decode_step``);
-a report whose program still holds loops says so (``loops_counted_once``), and
-its FLOPs and bytes cover one trip of each.
+XLA's cost analysis counts the body of a loop once. Every trip is counted here
+in one of two ways, and the report says which (``loops``):
+- loops of a fixed length (``lax.scan`` over time in the recurrent models, a
+  ``fori_loop``): their trip counts are read off the compiled program
+  (``hlo.loop_trips``), and what the compiler's single count leaves out, the body
+  times (trips - 1), is added (``hlo.loop_costs``);
+- a search's loop, which stops when every row is done: one step is compiled without
+  loops (``programs.decode_step``, at the last position: the whole cache read) and
+  multiplied by the output limit; ``search`` holds the whole search beside the step.
+A program with a loop whose trips neither way can count gives no time and no MFU:
+``loops_counted_once`` is set and ``loops`` says which loop.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import flax.linen as nn
 import jax
 
 from seq2seq_jax.aot import programs as programs_lib
-from seq2seq_jax.aot.hlo import hbm_traffic
+from seq2seq_jax.aot.hlo import hbm_traffic, loop_costs
 from seq2seq_jax.aot.targets import Target, parse_target, target_mesh
 from seq2seq_jax.configs import ExperimentConfig
 
@@ -78,12 +85,14 @@ class CompileReport:
   estimated_step_seconds: float | None
   estimated_mfu: float | None
   compile_seconds: float
-  loops_counted_once: bool = False
+  loops_counted_once: bool = False  # some loop's trips unknown: no time, no MFU
+  loops: str = ""  # the program's loops, their trips, and how they were counted
   hbm_traffic_per_chip: float | None = None
   hbm_step_seconds: float | None = None
   hbm_mfu: float | None = None
   message: str = ""
   decode_step: dict[str, Any] | None = None
+  search: dict[str, Any] | None = None  # generate: the whole search for its output limit
   max_batch_probes: list[dict[str, Any]] | None = None
   packing: bool = False  # a packed training batch: rows of the largest bucket, several pairs each
   # Packed: tokens_per_step (slots) x ASSUMED_PACKING_FILL, an assumption, not a measurement.
@@ -233,17 +242,32 @@ def compile_program(program: programs_lib.Program, target: Target, *,
         bytes_accessed_per_chip=None, estimated_step_seconds=None, estimated_mfu=None,
         compile_seconds=seconds, loops_counted_once=_loops(compiled),
         message="" if fits else "the program needs more memory than the chip has")
-  flops = float(cost["flops"])
-  accessed = float(cost.get("bytes accessed", 0.0))
+  text = compiled.as_text()
+  loops = loop_costs(text)
+  flops = float(cost["flops"]) + loops.extra_flops
+  accessed = float(cost.get("bytes accessed", 0.0)) + loops.extra_bytes
+  traffic = hbm_traffic(text)
   step_seconds, mfu = roofline(flops, accessed, target)
-  traffic = hbm_traffic(compiled.as_text())
   hbm_seconds, hbm_mfu = roofline(flops, traffic.hbm_bytes, target)
-  return CompileReport(
+  how = ""
+  if loops.loops:
+    how = (f"every trip counted, trip counts read off the compiled loops: {loops.describe()}"
+           if loops.counted else f"not costed in full (some trips unknown): {loops.describe()}")
+  report = CompileReport(
       **common, per_chip_bytes=sizes, fits=fits, flops_per_chip=flops,
       bytes_accessed_per_chip=accessed, estimated_step_seconds=step_seconds, estimated_mfu=mfu,
-      compile_seconds=seconds, loops_counted_once=_loops(compiled),
+      compile_seconds=seconds, loops_counted_once=not loops.counted, loops=how,
       hbm_traffic_per_chip=traffic.hbm_bytes, hbm_step_seconds=hbm_seconds, hbm_mfu=hbm_mfu,
       message="" if fits else "the program needs more memory than the chip has")
+  if not loops.counted:  # figures of one trip of some loop: no time, no MFU
+    report.estimated_step_seconds = report.estimated_mfu = None
+    report.hbm_step_seconds = report.hbm_mfu = None
+  if program.name == "generate":  # what runs once, outside the search's loop
+    report.search = {"flops_outside_loop": max(0.0, float(cost["flops"]) - loops.flops_in_loops),
+                     "bytes_outside_loop": max(0.0, float(cost.get("bytes accessed", 0.0))
+                                               - loops.bytes_in_loops),
+                     "hbm_outside_loop": traffic.hbm_bytes - traffic.in_loops}
+  return report
 
 
 def decode_step_bound(program: programs_lib.Program, target: Target) -> float:
@@ -318,7 +342,29 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
     report.hbm_step_seconds = step["hbm_step_seconds"]
     report.hbm_mfu = None
     report.loops_counted_once = step["loops_counted_once"]
+    report.search = _whole_search(report.search or {}, step, built.target_len, target)
   return report
+
+
+def _whole_search(outside: dict[str, float], step: dict[str, Any], steps: int,
+                  target: Target) -> dict[str, Any]:
+  """``generate``'s whole search: what runs once outside its loop (the compiler's count
+  less the loop's body, counted here) plus ``steps`` decoding steps, each costed as one
+  compiled without loops at the last position (so an upper bound: real searches stop
+  early and read shorter caches)."""
+  if step["flops_per_chip"] is None or not outside:
+    return {"steps": steps, "how": "not costed: the decoding step has no cost analysis"}
+  flops = outside["flops_outside_loop"] + steps * step["flops_per_chip"]
+  accessed = outside["bytes_outside_loop"] + steps * step["bytes_accessed_per_chip"]
+  hbm = outside["hbm_outside_loop"] + steps * step["hbm_traffic_per_chip"]
+  seconds, mfu = roofline(flops, accessed, target)
+  hbm_seconds, hbm_mfu = roofline(flops, hbm, target)
+  return {**outside, "steps": steps, "flops_per_chip": flops, "bytes_accessed_per_chip": accessed,
+          "hbm_traffic_per_chip": hbm, "estimated_seconds": seconds, "estimated_mfu": mfu,
+          "hbm_seconds": hbm_seconds, "hbm_mfu": hbm_mfu,
+          "how": (f"the program outside its loop once, plus {steps} decoding steps (the "
+                  "output limit) each compiled without loops at the last position: an upper "
+                  "bound, a search that stops early costs less")}
 
 
 def built_model(config: ExperimentConfig, program: str, model: nn.Module | None) -> nn.Module:
@@ -436,9 +482,18 @@ def format_table(reports: Sequence[CompileReport]) -> str:
   for r in reports:
     if not r.fits and r.message:
       out.append(f"{r.program} on {r.target}: {r.message}")
-    if r.loops_counted_once:
-      out.append(f"{r.program} on {r.target}: the program has loops; XLA counts each loop body "
-                 "once, so its FLOPs, bytes and estimate cover one trip")
+    if r.program == "generate" and r.search and "estimated_seconds" in r.search:
+      search = r.search
+      out.append(f"generate on {r.target}: est. ms and MFU are of one decoding step; the whole "
+                 f"search of up to {search['steps']} steps: "
+                 f"{search['flops_per_chip'] / 1e12:.3g} TFLOP, est. "
+                 f"{search['estimated_seconds'] * 1e3:.3g} ms "
+                 f"({100 * search['estimated_mfu']:.0f}% MFU), HBM est. "
+                 f"{search['hbm_seconds'] * 1e3:.3g} ms ({search['how']})")
+    elif r.loops_counted_once:
+      out.append(f"{r.program} on {r.target}: no time and no MFU: {r.loops}")
+    elif r.loops:
+      out.append(f"{r.program} on {r.target}: {r.loops}")
     if r.packing and r.estimated_real_tokens_per_step is not None:
       out.append(packing_note(r))
   out.append("Per chip. Compiler-derived estimates (the XLA compiler's memory and cost analysis "
