@@ -94,6 +94,7 @@ class CompileReport:
   decode_step: dict[str, Any] | None = None
   search: dict[str, Any] | None = None  # generate: the whole search for its output limit
   max_batch_probes: list[dict[str, Any]] | None = None
+  max_batch_method: str = ""  # how find_max_batch found the batch
   packing: bool = False  # a packed training batch: rows of the largest bucket, several pairs each
   # Packed: tokens_per_step (slots) x ASSUMED_PACKING_FILL, an assumption, not a measurement.
   assumed_fill: float | None = None
@@ -375,18 +376,30 @@ def built_model(config: ExperimentConfig, program: str, model: nn.Module | None)
 def find_max_batch(config: ExperimentConfig, target: str | Target, program: str = "train", *,
                    length: int | None = None, model: nn.Module | None = None,
                    start_rows: int | None = None, max_rows: int = 1 << 20,
-                   tolerance: float = 0.0,
+                   tolerance: float = 0.0, method: str = "predict",
+                   first: CompileReport | None = None,
                    on_probe: Callable[[CompileReport], None] | None = None) -> CompileReport:
-  """The report of the largest batch that fits, found by bisection over compiles.
+  """The report of the largest batch that fits, found with few compiles.
 
-  Rows double from ``start_rows`` (default: the run's batch) until a batch does not
-  fit (or ``max_rows`` is reached), then the gap is halved down to one row unit (the
-  mesh's data axis times microbatches), or to ``tolerance`` times the rows that fit
-  (fewer compiles: 0.125 stops within 12.5 % of the largest). Each probe is one
-  compile; ``on_probe`` sees each report. The returned report lists the probes in
-  ``max_batch_probes``; if even one row unit does not fit, it is that unit's report
-  (``fits=False``).
+  ``method="predict"`` (at most three compiles): a program's per-chip memory grows
+  linearly with its rows (temporaries: activations, logits; arguments and code stay),
+  so two compiles, at ``start_rows`` (default: the run's batch; ``first``, a report
+  already made there, saves one) and at twice (half, if it does not fit) that, give
+  the bytes a row; the largest whole row unit (the mesh's data axis times
+  microbatches) the line puts under the chip's HBM is compiled to confirm. If it
+  does not fit (the compiler's choices are not exactly linear), the largest batch
+  compiled that fits is returned and ``max_batch_method`` says so.
+
+  ``method="bisect"``: rows double from ``start_rows`` until a batch does not fit
+  (or ``max_rows`` is reached), then the gap is halved down to one row unit, or to
+  ``tolerance`` times the rows that fit (0.125 stops within 12.5 % of the largest).
+
+  Each probe is one compile; ``on_probe`` sees each report. The returned report
+  lists the probes in ``max_batch_probes``; if even one row unit does not fit, it is
+  that unit's report (``fits=False``).
   """
+  if method not in ("predict", "bisect"):
+    raise ValueError(f"method={method!r}: 'predict' (a line through two compiles) or 'bisect'")
   target = parse_target(target) if isinstance(target, str) else target
   mesh = target_mesh(target, config.train.model_parallelism if program in ("train", "eval")
                      else 1)
@@ -401,13 +414,28 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
     return report
 
   if start_rows is None:
+    start_rows = first.rows if first is not None else None
+  if start_rows is None:
     built_length = length or (programs_lib.train_length(config) if program == "train" else
                               programs_lib.longest_bucket(config) if program == "eval" else None)
     start_rows = (programs_lib.default_rows(config, mesh, program, built_length)
                   if built_length else programs_lib.default_rows(config, mesh, program, 1))
   rows = max(unit, start_rows // unit * unit)
+  if first is not None and first.rows == rows:
+    probes.append(first)
+    report = first
+  else:
+    report = probe(rows)
+  if method == "predict":
+    best, how = _predict_max_batch(report, probe, unit, max_rows)
+    if best is not None:
+      best.max_batch_probes = [_probe_summary(p) for p in probes]
+      best.max_batch_method = how
+      return best
+    # Neither of two compiles fits: no line to draw; bisect downwards from the smaller.
+    report = min(probes, key=lambda p: p.rows)
+    rows = report.rows
   best: CompileReport | None = None
-  report = probe(rows)
   if report.fits:
     best, low, high = report, rows, None
     while high is None and rows * 2 <= max_rows:
@@ -430,6 +458,7 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
       high = rows
     if best is None:
       report.max_batch_probes = [_probe_summary(p) for p in probes]
+      report.max_batch_method = "no batch of one row unit fits"
       return report
   while high - low > max(unit, tolerance * low):
     rows = (low + high) // 2 // unit * unit
@@ -442,7 +471,50 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
       high = rows
   assert best is not None
   best.max_batch_probes = [_probe_summary(p) for p in probes]
+  best.max_batch_method = f"bisection over {len(probes)} compiles"
   return best
+
+
+def _predict_max_batch(first: CompileReport, probe: Callable[[int], CompileReport], unit: int,
+                       max_rows: int) -> tuple[CompileReport | None, str]:
+  """``find_max_batch``'s prediction: a line through two compiles' per-chip bytes, and one
+  compile where it meets the chip's HBM. ``(None, why)`` where no line can be drawn."""
+  other_rows = first.rows * 2 if first.fits else max(unit, first.rows // 2 // unit * unit)
+  if other_rows == first.rows:
+    return (first if first.fits else None), "one row unit: nothing to predict"
+  second = probe(other_rows)
+  low, high = sorted((first, second), key=lambda r: r.rows)
+  # A batch that does not fit still reports what it needed (the compiler's message).
+  low_total, high_total = low.per_chip_bytes.get("total", 0), high.per_chip_bytes.get("total", 0)
+  per_row = (high_total - low_total) / (high.rows - low.rows)
+  if low_total <= 0 or per_row <= 0:
+    fitting = [r for r in (first, second) if r.fits]
+    return (max(fitting, key=lambda r: r.rows) if fitting else None,
+            "the compiler's memory did not grow with rows")
+  room = low.hbm_bytes_per_chip - low_total
+  predicted = min(max_rows, low.rows + math.floor(room / per_row / unit) * unit)
+  line = (f"a line through {low.rows} and {high.rows} rows ({per_row / 2**20:.2f} MiB per "
+          f"chip a row) meets the chip's HBM at {predicted} rows")
+  if predicted < unit:
+    return None, line
+  compiled = {r.rows: r for r in (first, second)}
+  confirmed = compiled[predicted] if predicted in compiled else probe(predicted)
+  if confirmed.fits:
+    how = line + (", confirmed by its compile" if predicted not in compiled
+                  else ", already compiled")
+    expected = low_total + (predicted - low.rows) * per_row
+    if confirmed.per_chip_bytes.get("total", 0) < 0.9 * expected:
+      # The compiler trades recomputation for memory as a batch nears the chip's HBM.
+      how += (f"; it needed {confirmed.per_chip_bytes['total'] / GiB:.2f} GiB where the line "
+              f"said {expected / GiB:.2f}: the compiler rematerializes near the limit, so "
+              "larger batches may fit (method='bisect' finds the largest)")
+    return confirmed, how
+  fitting = [r for r in (first, second) if r.fits]
+  if not fitting:
+    return None, line
+  best = max(fitting, key=lambda r: r.rows)
+  return best, (line + f"; that compile did NOT fit, so {best.rows} rows, the largest compiled "
+                "batch that fits, is reported (the largest may lie between)")
 
 
 def _probe_summary(report: CompileReport) -> dict[str, Any]:

@@ -331,28 +331,64 @@ def test_the_command_line_compiles_a_published_model_from_its_config_alone(tmp_p
   assert record["model"].startswith("Transformer 2+2 d64 h4 f128 V1000")
 
 
+def _stand_in_compiler(seen, total_bytes, hbm):
+  """A stand-in for compile_report whose per-chip total is ``total_bytes(rows)``."""
+
+  def fake(config, target, program, *, rows, length, model):
+    seen.append(rows)
+    total = total_bytes(rows)
+    return report_lib.CompileReport(
+        target="v5e:2x4", chip="v5e", chips=8, program=program, model="", rows=rows,
+        source_len=16, target_len=16, tokens_per_step=rows * 32, settings={},
+        per_chip_bytes={"total": total, "temporaries": total - 100}, hbm_bytes_per_chip=hbm,
+        fits=total <= hbm, flops_per_chip=None, bytes_accessed_per_chip=None,
+        estimated_step_seconds=None, estimated_mfu=None, compile_seconds=0.0)
+
+  return fake
+
+
 def test_max_batch_bisects_to_the_largest_fitting_row_count(monkeypatch):
   """The search itself, on a stand-in compiler that fits up to 37 row units."""
   limit = 37 * 8
   seen = []
-
-  def fake(config, target, program, *, rows, length, model):
-    seen.append(rows)
-    fits = rows <= limit
-    return report_lib.CompileReport(
-        target="v5e:2x4", chip="v5e", chips=8, program=program, model="", rows=rows,
-        source_len=16, target_len=16, tokens_per_step=rows * 32, settings={},
-        per_chip_bytes={"total": rows}, hbm_bytes_per_chip=limit, fits=fits,
-        flops_per_chip=None, bytes_accessed_per_chip=None, estimated_step_seconds=None,
-        estimated_mfu=None, compile_seconds=0.0)
-
-  monkeypatch.setattr(report_lib, "compile_report", fake)
-  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=16)
+  monkeypatch.setattr(report_lib, "compile_report", _stand_in_compiler(seen, lambda r: r, limit))
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=16, method="bisect")
   assert best.rows == limit and best.fits
   assert len(seen) == len(set(seen)) <= 12  # doublings, then halvings: no row count twice
   assert [p["rows"] for p in best.max_batch_probes] == seen
-  monkeypatch.setattr(report_lib, "compile_report", fake)
-  assert report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=4096).rows == limit
+  assert report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=4096,
+                                   method="bisect").rows == limit
+
+
+@pytest.mark.parametrize("start_rows", [16, 4096])
+def test_max_batch_predicts_from_two_compiles_and_confirms_with_a_third(monkeypatch, start_rows):
+  """Memory linear in rows (arguments plus temporaries a row): the line through two
+  compiles meets the chip's HBM at the largest batch, which a third compile confirms."""
+  hbm, unit = 10 ** 9, 8
+  total = lambda rows: 2 * 10 ** 8 + 1_234_567 * rows  # fits up to 648 rows: 81 units
+  seen = []
+  monkeypatch.setattr(report_lib, "compile_report", _stand_in_compiler(seen, total, hbm))
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=start_rows)
+  assert best.fits and best.rows == (hbm - 2 * 10 ** 8) // 1_234_567 // unit * unit == 648
+  assert len(seen) == 3 and "confirmed by its compile" in best.max_batch_method
+  # A report already made at the start saves a compile.
+  seen.clear()
+  first = report_lib.compile_report(TINY, "v5e:2x4", "train", rows=start_rows, length=None,
+                                    model=None)
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", first=first)
+  assert best.rows == 648 and len(seen) == 3  # the first, then two
+
+
+def test_max_batch_says_when_the_prediction_overshoots(monkeypatch):
+  """Memory that grows faster past 512 rows: the predicted batch does not fit, and the
+  largest compiled batch that fits is reported, saying so."""
+  hbm = 10 ** 9
+  total = lambda rows: 2 * 10 ** 8 + 1_234_567 * rows + 4_000_000 * max(0, rows - 512)
+  seen = []
+  monkeypatch.setattr(report_lib, "compile_report", _stand_in_compiler(seen, total, hbm))
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=128)
+  assert best.fits and best.rows == 256 and len(seen) == 3
+  assert "did NOT fit" in best.max_batch_method
 
 
 def test_fit_summary_reads_as_one_line_a_program():
