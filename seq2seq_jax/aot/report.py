@@ -15,10 +15,17 @@ slot of which the compiler costs; how many slots hold real tokens depends on the
 corpus, which a compile never sees. The report assumes ``ASSUMED_PACKING_FILL``
 (measured on one corpus, see there) and says so.
 
-XLA's cost analysis counts the body of a loop once. A decoding loop's steps are
-therefore costed by compiling one step without loops (``programs.decode_step``);
-a report whose program still holds loops says so (``loops_counted_once``), and
-its FLOPs and bytes cover one trip of each.
+XLA's cost analysis counts the body of a loop once. Every trip is counted here
+in one of two ways, and the report says which (``loops``):
+- loops of a fixed length (``lax.scan`` over time in the recurrent models, a
+  ``fori_loop``): their trip counts are read off the compiled program
+  (``hlo.loop_trips``), and what the compiler's single count leaves out, the body
+  times (trips - 1), is added (``hlo.loop_costs``);
+- a search's loop, which stops when every row is done: one step is compiled without
+  loops (``programs.decode_step``, at the last position: the whole cache read) and
+  multiplied by the output limit; ``search`` holds the whole search beside the step.
+A program with a loop whose trips neither way can count gives no time and no MFU:
+``loops_counted_once`` is set and ``loops`` says which loop.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import flax.linen as nn
 import jax
 
 from seq2seq_jax.aot import programs as programs_lib
-from seq2seq_jax.aot.hlo import hbm_traffic
+from seq2seq_jax.aot.hlo import hbm_traffic, loop_costs
 from seq2seq_jax.aot.targets import Target, parse_target, target_mesh
 from seq2seq_jax.configs import ExperimentConfig
 
@@ -78,13 +85,16 @@ class CompileReport:
   estimated_step_seconds: float | None
   estimated_mfu: float | None
   compile_seconds: float
-  loops_counted_once: bool = False
+  loops_counted_once: bool = False  # some loop's trips unknown: no time, no MFU
+  loops: str = ""  # the program's loops, their trips, and how they were counted
   hbm_traffic_per_chip: float | None = None
   hbm_step_seconds: float | None = None
   hbm_mfu: float | None = None
   message: str = ""
   decode_step: dict[str, Any] | None = None
+  search: dict[str, Any] | None = None  # generate: the whole search for its output limit
   max_batch_probes: list[dict[str, Any]] | None = None
+  max_batch_method: str = ""  # how find_max_batch found the batch
   packing: bool = False  # a packed training batch: rows of the largest bucket, several pairs each
   # Packed: tokens_per_step (slots) x ASSUMED_PACKING_FILL, an assumption, not a measurement.
   assumed_fill: float | None = None
@@ -233,17 +243,32 @@ def compile_program(program: programs_lib.Program, target: Target, *,
         bytes_accessed_per_chip=None, estimated_step_seconds=None, estimated_mfu=None,
         compile_seconds=seconds, loops_counted_once=_loops(compiled),
         message="" if fits else "the program needs more memory than the chip has")
-  flops = float(cost["flops"])
-  accessed = float(cost.get("bytes accessed", 0.0))
+  text = compiled.as_text()
+  loops = loop_costs(text)
+  flops = float(cost["flops"]) + loops.extra_flops
+  accessed = float(cost.get("bytes accessed", 0.0)) + loops.extra_bytes
+  traffic = hbm_traffic(text)
   step_seconds, mfu = roofline(flops, accessed, target)
-  traffic = hbm_traffic(compiled.as_text())
   hbm_seconds, hbm_mfu = roofline(flops, traffic.hbm_bytes, target)
-  return CompileReport(
+  how = ""
+  if loops.loops:
+    how = (f"every trip counted, trip counts read off the compiled loops: {loops.describe()}"
+           if loops.counted else f"not costed in full (some trips unknown): {loops.describe()}")
+  report = CompileReport(
       **common, per_chip_bytes=sizes, fits=fits, flops_per_chip=flops,
       bytes_accessed_per_chip=accessed, estimated_step_seconds=step_seconds, estimated_mfu=mfu,
-      compile_seconds=seconds, loops_counted_once=_loops(compiled),
+      compile_seconds=seconds, loops_counted_once=not loops.counted, loops=how,
       hbm_traffic_per_chip=traffic.hbm_bytes, hbm_step_seconds=hbm_seconds, hbm_mfu=hbm_mfu,
       message="" if fits else "the program needs more memory than the chip has")
+  if not loops.counted:  # figures of one trip of some loop: no time, no MFU
+    report.estimated_step_seconds = report.estimated_mfu = None
+    report.hbm_step_seconds = report.hbm_mfu = None
+  if program.name == "generate":  # what runs once, outside the search's loop
+    report.search = {"flops_outside_loop": max(0.0, float(cost["flops"]) - loops.flops_in_loops),
+                     "bytes_outside_loop": max(0.0, float(cost.get("bytes accessed", 0.0))
+                                               - loops.bytes_in_loops),
+                     "hbm_outside_loop": traffic.hbm_bytes - traffic.in_loops}
+  return report
 
 
 def decode_step_bound(program: programs_lib.Program, target: Target) -> float:
@@ -318,7 +343,29 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
     report.hbm_step_seconds = step["hbm_step_seconds"]
     report.hbm_mfu = None
     report.loops_counted_once = step["loops_counted_once"]
+    report.search = _whole_search(report.search or {}, step, built.target_len, target)
   return report
+
+
+def _whole_search(outside: dict[str, float], step: dict[str, Any], steps: int,
+                  target: Target) -> dict[str, Any]:
+  """``generate``'s whole search: what runs once outside its loop (the compiler's count
+  less the loop's body, counted here) plus ``steps`` decoding steps, each costed as one
+  compiled without loops at the last position (so an upper bound: real searches stop
+  early and read shorter caches)."""
+  if step["flops_per_chip"] is None or not outside:
+    return {"steps": steps, "how": "not costed: the decoding step has no cost analysis"}
+  flops = outside["flops_outside_loop"] + steps * step["flops_per_chip"]
+  accessed = outside["bytes_outside_loop"] + steps * step["bytes_accessed_per_chip"]
+  hbm = outside["hbm_outside_loop"] + steps * step["hbm_traffic_per_chip"]
+  seconds, mfu = roofline(flops, accessed, target)
+  hbm_seconds, hbm_mfu = roofline(flops, hbm, target)
+  return {**outside, "steps": steps, "flops_per_chip": flops, "bytes_accessed_per_chip": accessed,
+          "hbm_traffic_per_chip": hbm, "estimated_seconds": seconds, "estimated_mfu": mfu,
+          "hbm_seconds": hbm_seconds, "hbm_mfu": hbm_mfu,
+          "how": (f"the program outside its loop once, plus {steps} decoding steps (the "
+                  "output limit) each compiled without loops at the last position: an upper "
+                  "bound, a search that stops early costs less")}
 
 
 def built_model(config: ExperimentConfig, program: str, model: nn.Module | None) -> nn.Module:
@@ -329,18 +376,30 @@ def built_model(config: ExperimentConfig, program: str, model: nn.Module | None)
 def find_max_batch(config: ExperimentConfig, target: str | Target, program: str = "train", *,
                    length: int | None = None, model: nn.Module | None = None,
                    start_rows: int | None = None, max_rows: int = 1 << 20,
-                   tolerance: float = 0.0,
+                   tolerance: float = 0.0, method: str = "predict",
+                   first: CompileReport | None = None,
                    on_probe: Callable[[CompileReport], None] | None = None) -> CompileReport:
-  """The report of the largest batch that fits, found by bisection over compiles.
+  """The report of the largest batch that fits, found with few compiles.
 
-  Rows double from ``start_rows`` (default: the run's batch) until a batch does not
-  fit (or ``max_rows`` is reached), then the gap is halved down to one row unit (the
-  mesh's data axis times microbatches), or to ``tolerance`` times the rows that fit
-  (fewer compiles: 0.125 stops within 12.5 % of the largest). Each probe is one
-  compile; ``on_probe`` sees each report. The returned report lists the probes in
-  ``max_batch_probes``; if even one row unit does not fit, it is that unit's report
-  (``fits=False``).
+  ``method="predict"`` (at most three compiles): a program's per-chip memory grows
+  linearly with its rows (temporaries: activations, logits; arguments and code stay),
+  so two compiles, at ``start_rows`` (default: the run's batch; ``first``, a report
+  already made there, saves one) and at twice (half, if it does not fit) that, give
+  the bytes a row; the largest whole row unit (the mesh's data axis times
+  microbatches) the line puts under the chip's HBM is compiled to confirm. If it
+  does not fit (the compiler's choices are not exactly linear), the largest batch
+  compiled that fits is returned and ``max_batch_method`` says so.
+
+  ``method="bisect"``: rows double from ``start_rows`` until a batch does not fit
+  (or ``max_rows`` is reached), then the gap is halved down to one row unit, or to
+  ``tolerance`` times the rows that fit (0.125 stops within 12.5 % of the largest).
+
+  Each probe is one compile; ``on_probe`` sees each report. The returned report
+  lists the probes in ``max_batch_probes``; if even one row unit does not fit, it is
+  that unit's report (``fits=False``).
   """
+  if method not in ("predict", "bisect"):
+    raise ValueError(f"method={method!r}: 'predict' (a line through two compiles) or 'bisect'")
   target = parse_target(target) if isinstance(target, str) else target
   mesh = target_mesh(target, config.train.model_parallelism if program in ("train", "eval")
                      else 1)
@@ -355,13 +414,28 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
     return report
 
   if start_rows is None:
+    start_rows = first.rows if first is not None else None
+  if start_rows is None:
     built_length = length or (programs_lib.train_length(config) if program == "train" else
                               programs_lib.longest_bucket(config) if program == "eval" else None)
     start_rows = (programs_lib.default_rows(config, mesh, program, built_length)
                   if built_length else programs_lib.default_rows(config, mesh, program, 1))
   rows = max(unit, start_rows // unit * unit)
+  if first is not None and first.rows == rows:
+    probes.append(first)
+    report = first
+  else:
+    report = probe(rows)
+  if method == "predict":
+    best, how = _predict_max_batch(report, probe, unit, max_rows)
+    if best is not None:
+      best.max_batch_probes = [_probe_summary(p) for p in probes]
+      best.max_batch_method = how
+      return best
+    # Neither of two compiles fits: no line to draw; bisect downwards from the smaller.
+    report = min(probes, key=lambda p: p.rows)
+    rows = report.rows
   best: CompileReport | None = None
-  report = probe(rows)
   if report.fits:
     best, low, high = report, rows, None
     while high is None and rows * 2 <= max_rows:
@@ -384,6 +458,7 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
       high = rows
     if best is None:
       report.max_batch_probes = [_probe_summary(p) for p in probes]
+      report.max_batch_method = "no batch of one row unit fits"
       return report
   while high - low > max(unit, tolerance * low):
     rows = (low + high) // 2 // unit * unit
@@ -396,7 +471,50 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
       high = rows
   assert best is not None
   best.max_batch_probes = [_probe_summary(p) for p in probes]
+  best.max_batch_method = f"bisection over {len(probes)} compiles"
   return best
+
+
+def _predict_max_batch(first: CompileReport, probe: Callable[[int], CompileReport], unit: int,
+                       max_rows: int) -> tuple[CompileReport | None, str]:
+  """``find_max_batch``'s prediction: a line through two compiles' per-chip bytes, and one
+  compile where it meets the chip's HBM. ``(None, why)`` where no line can be drawn."""
+  other_rows = first.rows * 2 if first.fits else max(unit, first.rows // 2 // unit * unit)
+  if other_rows == first.rows:
+    return (first if first.fits else None), "one row unit: nothing to predict"
+  second = probe(other_rows)
+  low, high = sorted((first, second), key=lambda r: r.rows)
+  # A batch that does not fit still reports what it needed (the compiler's message).
+  low_total, high_total = low.per_chip_bytes.get("total", 0), high.per_chip_bytes.get("total", 0)
+  per_row = (high_total - low_total) / (high.rows - low.rows)
+  if low_total <= 0 or per_row <= 0:
+    fitting = [r for r in (first, second) if r.fits]
+    return (max(fitting, key=lambda r: r.rows) if fitting else None,
+            "the compiler's memory did not grow with rows")
+  room = low.hbm_bytes_per_chip - low_total
+  predicted = min(max_rows, low.rows + math.floor(room / per_row / unit) * unit)
+  line = (f"a line through {low.rows} and {high.rows} rows ({per_row / 2**20:.2f} MiB per "
+          f"chip a row) meets the chip's HBM at {predicted} rows")
+  if predicted < unit:
+    return None, line
+  compiled = {r.rows: r for r in (first, second)}
+  confirmed = compiled[predicted] if predicted in compiled else probe(predicted)
+  if confirmed.fits:
+    how = line + (", confirmed by its compile" if predicted not in compiled
+                  else ", already compiled")
+    expected = low_total + (predicted - low.rows) * per_row
+    if confirmed.per_chip_bytes.get("total", 0) < 0.9 * expected:
+      # The compiler trades recomputation for memory as a batch nears the chip's HBM.
+      how += (f"; it needed {confirmed.per_chip_bytes['total'] / GiB:.2f} GiB where the line "
+              f"said {expected / GiB:.2f}: the compiler rematerializes near the limit, so "
+              "larger batches may fit (method='bisect' finds the largest)")
+    return confirmed, how
+  fitting = [r for r in (first, second) if r.fits]
+  if not fitting:
+    return None, line
+  best = max(fitting, key=lambda r: r.rows)
+  return best, (line + f"; that compile did NOT fit, so {best.rows} rows, the largest compiled "
+                "batch that fits, is reported (the largest may lie between)")
 
 
 def _probe_summary(report: CompileReport) -> dict[str, Any]:
@@ -436,9 +554,18 @@ def format_table(reports: Sequence[CompileReport]) -> str:
   for r in reports:
     if not r.fits and r.message:
       out.append(f"{r.program} on {r.target}: {r.message}")
-    if r.loops_counted_once:
-      out.append(f"{r.program} on {r.target}: the program has loops; XLA counts each loop body "
-                 "once, so its FLOPs, bytes and estimate cover one trip")
+    if r.program == "generate" and r.search and "estimated_seconds" in r.search:
+      search = r.search
+      out.append(f"generate on {r.target}: est. ms and MFU are of one decoding step; the whole "
+                 f"search of up to {search['steps']} steps: "
+                 f"{search['flops_per_chip'] / 1e12:.3g} TFLOP, est. "
+                 f"{search['estimated_seconds'] * 1e3:.3g} ms "
+                 f"({100 * search['estimated_mfu']:.0f}% MFU), HBM est. "
+                 f"{search['hbm_seconds'] * 1e3:.3g} ms ({search['how']})")
+    elif r.loops_counted_once:
+      out.append(f"{r.program} on {r.target}: no time and no MFU: {r.loops}")
+    elif r.loops:
+      out.append(f"{r.program} on {r.target}: {r.loops}")
     if r.packing and r.estimated_real_tokens_per_step is not None:
       out.append(packing_note(r))
   out.append("Per chip. Compiler-derived estimates (the XLA compiler's memory and cost analysis "

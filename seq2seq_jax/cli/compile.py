@@ -42,7 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "with data.packing the largest bucket; generate and score: the "
                            "source limit)")
   parser.add_argument("--max-batch", action="store_true",
-                      help="also find the largest batch that fits, by bisection over compiles")
+                      help="also find the largest batch that fits: a line through the memory of two "
+                           "compiles, confirmed by a third")
+  parser.add_argument("--max-batch-method", choices=("predict", "bisect"), default="predict",
+                      help="predict: at most three compiles, a lower bound where the compiler "
+                           "rematerializes near the limit (the report says so); bisect: the "
+                           "largest batch, 10-15 compiles")
   parser.add_argument("--json", default=None, metavar="FILE",
                       help="write the reports as JSON: one object, or a list for several")
 
@@ -82,12 +87,13 @@ def run(args: argparse.Namespace) -> int:
     reports.append(report)
     if args.max_batch:
       reports.append(aot.find_max_batch(config, target, name, length=args.length,
-                                        start_rows=args.batch))
+                                        start_rows=args.batch, first=report,
+                                        method=args.max_batch_method))
   print(aot.format_table(reports))
   for report in reports:
     if report.max_batch_probes:
       print(f"largest {report.program} batch that fits on {report.target}: {report.rows} rows "
-            f"({len(report.max_batch_probes)} compiles)")
+            f"({len(report.max_batch_probes)} compiles: {report.max_batch_method})")
   if args.json:
     records = [r.to_dict() for r in reports]
     pathlib.Path(args.json).write_text(

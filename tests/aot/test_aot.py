@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from seq2seq_jax import aot, presets
+from seq2seq_jax.aot import hlo as hlo_lib
 from seq2seq_jax.aot import report as report_lib
 from seq2seq_jax.aot import targets as targets_lib
 from seq2seq_jax.cli import main as cli_main
@@ -45,17 +46,89 @@ def test_the_tiny_preset_compiles_and_fits(target, program):
   if program == "generate":  # one decoding step, compiled without loops
     assert report.decode_step["hbm_bound_seconds"] > 0
     assert not report.decode_step["loops_counted_once"]
+    # The whole search: the encoder once, then a step for each of the output limit's tokens.
+    search = report.search
+    assert search["steps"] == report.target_len
+    assert search["flops_per_chip"] == pytest.approx(
+        search["flops_outside_loop"] + report.target_len * report.flops_per_chip)
+    assert search["estimated_seconds"] > report.target_len * report.estimated_step_seconds
+    assert "the whole search of up to" in aot.format_table([report])
   else:
     assert not report.loops_counted_once
 
 
-def test_a_recurrent_model_compiles_and_its_time_loop_is_flagged():
+def test_a_recurrent_model_compiles_and_its_time_loops_count_every_trip():
   config = dataclasses.replace(TINY, model=RNNConfig(vocab_size=500, cell="gru", embed_dim=32,
                                                      hidden_dim=32, attention="additive",
                                                      max_len=64))
   report = aot.compile_report(config, "v5e:2x2", "train")
-  assert report.fits
-  assert report.loops_counted_once  # the scan over time: its body is counted once
+  assert report.fits and not report.loops_counted_once
+  # Encoder and decoder scans, forward and backward: 48 steps each (the longest bucket).
+  assert report.loops.count(f"{report.source_len} trips") == 4, report.loops
+  assert report.estimated_mfu is not None and "every trip counted" in aot.format_table([report])
+
+
+def test_the_rnn_train_step_s_flops_match_a_hand_count_of_its_matmuls():
+  """2 M K N for every matrix product of an Elman RNN encoder-decoder (Cho et al.'s
+  decoder: the summary feeds every step and the readout), times the time steps, times 3
+  for the backward pass (the gradients of both operands). The rest of the step (the
+  softmax, the loss, Adam) is element-wise, a few per cent."""
+  vocab, embed, hidden = 1024, 256, 256
+  config = dataclasses.replace(
+      presets.apply_overrides(TINY, [f"data.vocab_size={vocab}"]),
+      model=RNNConfig(vocab_size=vocab, cell="simple", embed_dim=embed, hidden_dim=hidden,
+                      attention="none", dropout_rate=0.0, max_len=64))
+  report = aot.compile_report(config, "v5e-1", "train")
+  rows, source, target = report.rows, report.source_len, report.target_len
+  encoder = 2 * rows * source * (embed * hidden + hidden * hidden)
+  decoder = 2 * rows * target * ((embed + hidden) * hidden + hidden * hidden
+                                 + (2 * hidden + embed) * hidden)
+  output = 2 * rows * target * hidden * vocab
+  hand = 3 * (encoder + decoder + output)
+  assert hand <= report.flops_per_chip <= 1.05 * hand, report.flops_per_chip / hand
+
+
+def test_trip_counts_are_read_off_the_compiled_loops():
+  target = aot.parse_target("v5e-1")
+  replicated = NamedSharding(aot.target_mesh(target), P())
+  w = jax.ShapeDtypeStruct((512, 512), jnp.float32, sharding=replicated)
+  x = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=replicated)
+
+  def counted(w_DD, x_BD):  # i = 2, 5, ..., 38: 13 trips of one product each
+    def step(carry):
+      i, x = carry
+      return i + 3, jnp.tanh(x @ w_DD) * i
+    return jax.lax.while_loop(lambda c: c[0] < 41, step, (2, x_BD))[1]
+
+  def data_dependent(w_DD, x_BD):  # stops when the sum passes 100: no count to read
+    return jax.lax.while_loop(lambda x: jnp.sum(x) < 100.0, lambda x: jnp.tanh(x @ w_DD) + 1.0,
+                              x_BD)
+
+  def bounded(w_DD, x_BD):  # at most 9 trips, or fewer when the sum passes 100
+    def step(carry):
+      i, x = carry
+      return i + 1, jnp.tanh(x @ w_DD) + 1.0
+    return jax.lax.while_loop(lambda c: (c[0] < 9) & (jnp.sum(c[1]) < 100.0), step,
+                              (0, x_BD))[1]
+
+  product = 2 * 64 * 512 * 512
+  report = aot.compile_program(aot.Program("counted", jax.jit(counted), (w, x), 64, 512, 0, {}),
+                               target)
+  # The body's product 13 times (the element-wise work adds a little); one trip would be 1/13.
+  assert 13 * product <= report.flops_per_chip <= 1.05 * 13 * product
+  assert "13 trips" in report.loops and not report.loops_counted_once
+  text = jax.jit(counted).lower(w, x).compile().as_text()
+  assert [(loop.trips, loop.how) for loop in hlo_lib.loop_trips(text)] == [(13, "counter")]
+
+  for function, expected in ((data_dependent, (None, "unknown")), (bounded, (9, "at most"))):
+    program = aot.Program(function.__name__, jax.jit(function), (w, x), 64, 512, 0, {})
+    report = aot.compile_program(program, target)
+    text = jax.jit(function).lower(w, x).compile().as_text()
+    assert [(loop.trips, loop.how) for loop in hlo_lib.loop_trips(text)] == [expected]
+    # Not costed in full: no time and no MFU, and the table says why.
+    assert report.loops_counted_once and report.estimated_mfu is None
+    assert report.estimated_step_seconds is None and report.hbm_mfu is None
+    assert "no time and no MFU" in aot.format_table([report])
 
 
 def test_t5_and_encoder_and_decoder_apart_compile_for_a_tpu():
@@ -137,8 +210,10 @@ def test_hbm_traffic_counts_a_prefetched_weight_once_and_loops_by_their_trips():
   report = aot.compile_program(program, target)
   weights = 4 * layers * width * width
   assert weights <= report.hbm_traffic_per_chip <= 1.1 * weights
-  # "bytes accessed" counts one trip of the loop only: a quarter of the weights.
-  assert report.loops_counted_once
+  # The loop's four trips are read off the program, so "bytes accessed" (XLA's count of one
+  # trip, plus the three it leaves out) reads every layer's weight too.
+  assert "4 trips" in report.loops and not report.loops_counted_once
+  assert report.bytes_accessed_per_chip >= weights
 
 
 def test_hbm_traffic_counts_the_rows_a_gather_or_a_slice_takes_and_the_update_written():
@@ -256,28 +331,64 @@ def test_the_command_line_compiles_a_published_model_from_its_config_alone(tmp_p
   assert record["model"].startswith("Transformer 2+2 d64 h4 f128 V1000")
 
 
+def _stand_in_compiler(seen, total_bytes, hbm):
+  """A stand-in for compile_report whose per-chip total is ``total_bytes(rows)``."""
+
+  def fake(config, target, program, *, rows, length, model):
+    seen.append(rows)
+    total = total_bytes(rows)
+    return report_lib.CompileReport(
+        target="v5e:2x4", chip="v5e", chips=8, program=program, model="", rows=rows,
+        source_len=16, target_len=16, tokens_per_step=rows * 32, settings={},
+        per_chip_bytes={"total": total, "temporaries": total - 100}, hbm_bytes_per_chip=hbm,
+        fits=total <= hbm, flops_per_chip=None, bytes_accessed_per_chip=None,
+        estimated_step_seconds=None, estimated_mfu=None, compile_seconds=0.0)
+
+  return fake
+
+
 def test_max_batch_bisects_to_the_largest_fitting_row_count(monkeypatch):
   """The search itself, on a stand-in compiler that fits up to 37 row units."""
   limit = 37 * 8
   seen = []
-
-  def fake(config, target, program, *, rows, length, model):
-    seen.append(rows)
-    fits = rows <= limit
-    return report_lib.CompileReport(
-        target="v5e:2x4", chip="v5e", chips=8, program=program, model="", rows=rows,
-        source_len=16, target_len=16, tokens_per_step=rows * 32, settings={},
-        per_chip_bytes={"total": rows}, hbm_bytes_per_chip=limit, fits=fits,
-        flops_per_chip=None, bytes_accessed_per_chip=None, estimated_step_seconds=None,
-        estimated_mfu=None, compile_seconds=0.0)
-
-  monkeypatch.setattr(report_lib, "compile_report", fake)
-  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=16)
+  monkeypatch.setattr(report_lib, "compile_report", _stand_in_compiler(seen, lambda r: r, limit))
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=16, method="bisect")
   assert best.rows == limit and best.fits
   assert len(seen) == len(set(seen)) <= 12  # doublings, then halvings: no row count twice
   assert [p["rows"] for p in best.max_batch_probes] == seen
-  monkeypatch.setattr(report_lib, "compile_report", fake)
-  assert report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=4096).rows == limit
+  assert report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=4096,
+                                   method="bisect").rows == limit
+
+
+@pytest.mark.parametrize("start_rows", [16, 4096])
+def test_max_batch_predicts_from_two_compiles_and_confirms_with_a_third(monkeypatch, start_rows):
+  """Memory linear in rows (arguments plus temporaries a row): the line through two
+  compiles meets the chip's HBM at the largest batch, which a third compile confirms."""
+  hbm, unit = 10 ** 9, 8
+  total = lambda rows: 2 * 10 ** 8 + 1_234_567 * rows  # fits up to 648 rows: 81 units
+  seen = []
+  monkeypatch.setattr(report_lib, "compile_report", _stand_in_compiler(seen, total, hbm))
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=start_rows)
+  assert best.fits and best.rows == (hbm - 2 * 10 ** 8) // 1_234_567 // unit * unit == 648
+  assert len(seen) == 3 and "confirmed by its compile" in best.max_batch_method
+  # A report already made at the start saves a compile.
+  seen.clear()
+  first = report_lib.compile_report(TINY, "v5e:2x4", "train", rows=start_rows, length=None,
+                                    model=None)
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", first=first)
+  assert best.rows == 648 and len(seen) == 3  # the first, then two
+
+
+def test_max_batch_says_when_the_prediction_overshoots(monkeypatch):
+  """Memory that grows faster past 512 rows: the predicted batch does not fit, and the
+  largest compiled batch that fits is reported, saying so."""
+  hbm = 10 ** 9
+  total = lambda rows: 2 * 10 ** 8 + 1_234_567 * rows + 4_000_000 * max(0, rows - 512)
+  seen = []
+  monkeypatch.setattr(report_lib, "compile_report", _stand_in_compiler(seen, total, hbm))
+  best = report_lib.find_max_batch(TINY, "v5e:2x4", "train", start_rows=128)
+  assert best.fits and best.rows == 256 and len(seen) == 3
+  assert "did NOT fit" in best.max_batch_method
 
 
 def test_fit_summary_reads_as_one_line_a_program():
