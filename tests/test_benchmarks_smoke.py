@@ -51,6 +51,14 @@ def _check_rows(rows: list[dict], rate_key: str) -> None:
     assert len(row["timing"]["times_s"]) >= 1
 
 
+def _check_runtimes(rows: list[dict], rate_key: str, tasks, systems) -> None:
+  """Rows are timed and every task was run by every one of ``systems``."""
+  _check_rows(rows, rate_key)
+  seen = {(r["task"], r["system"]) for r in rows}
+  for task in tasks:
+    assert {(task, s) for s in systems} <= seen, task
+
+
 @pytest.mark.slow
 def test_train_throughput_quick(tmp_path):
   payload = _run("train_throughput", tmp_path)
@@ -105,10 +113,9 @@ def test_compare_pytorch_quick(tmp_path):
 @NEEDS_BENCH_EXTRA
 def test_pretrained_opus_mt_quick(tmp_path):
   payload = _run("pretrained_opus_mt", tmp_path)
-  _check_rows(payload["rows"], "tokens/s")
-  systems = {(r["task"], r["system"]) for r in payload["rows"]}
-  for task in ("greedy batch 32", "beam4 batch 32", "greedy batch 1", "beam4 batch 1"):
-    assert {(task, s) for s in ("seq2seq_jax", "HF generate", "CTranslate2")} <= systems
+  _check_runtimes(payload["rows"], "tokens/s",
+                  ("greedy batch 32", "beam4 batch 32", "greedy batch 1", "beam4 batch 1"),
+                  ("seq2seq_jax", "HF generate", "CTranslate2"))
   # The same weights give the same greedy tokens in all three runtimes.
   for batch in payload["agreement"].values():
     assert batch["HF identical rows"] == 1.0 and batch["CTranslate2 identical rows"] == 1.0
@@ -118,12 +125,11 @@ def test_pretrained_opus_mt_quick(tmp_path):
 @NEEDS_BENCH_EXTRA
 def test_pretrained_families_quick(tmp_path):
   payload = _run("pretrained_families", tmp_path)
-  _check_rows(payload["rows"], "tokens/s")
-  systems = {(r["task"], r["system"]) for r in payload["rows"]}
-  for model in ("T5-small-sized", "mBART-sized"):
-    for search in ("greedy", "beam4"):
-      task = f"{model} {search} batch 32"
-      assert {(task, s) for s in ("seq2seq_jax", "HF generate", "CTranslate2")} <= systems
+  models = ("T5-small-sized", "mBART-sized")
+  _check_runtimes(payload["rows"], "tokens/s",
+                  [f"{m} {search} batch 32" for m in models for search in ("greedy", "beam4")],
+                  ("seq2seq_jax", "HF generate", "CTranslate2"))
+  for model in models:
     # The same weights give the same greedy tokens in all three runtimes.
     agreement = payload["agreement"][model]
     assert agreement["HF identical rows"] == 1.0, agreement
@@ -141,11 +147,9 @@ def test_pretrained_families_quick(tmp_path):
 @NEEDS_BENCH_EXTRA
 def test_translate_file_quick(tmp_path):
   payload = _run("translate_file", tmp_path)
-  _check_rows(payload["rows"], "sentences/s")
-  systems = {(r["task"], r["system"]) for r in payload["rows"]}
-  for task in ("T-small", "OPUS-MT-sized"):
-    assert {(task, s) for s in ("seq2seq_jax translate_file", "seq2seq_jax in-memory",
-                                "CTranslate2 translate_file", "HF generate loop")} <= systems
+  _check_runtimes(payload["rows"], "sentences/s", ("T-small", "OPUS-MT-sized"),
+                  ("seq2seq_jax translate_file", "seq2seq_jax in-memory",
+                   "CTranslate2 translate_file", "HF generate loop"))
   # The same weights write the same lines in all three runtimes, file to file.
   for model in payload["agreement"].values():
     assert model == {"ct2 identical lines": 1.0, "hf identical lines": 1.0}

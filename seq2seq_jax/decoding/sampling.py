@@ -65,11 +65,7 @@ def sample(step_fn: StepFn, cache: PyTree, *, rng: PRNGKey, batch_size: int,
     temperature: > 0 flattens (> 1) or sharpens (< 1) the distribution; 0 is greedy.
     top_k: sample among the k most probable tokens; 0 = all.
     top_p: nucleus sampling over the top-k set; 1.0 = off.
-    pad_id: fills each row after its EOS; never generated.
-    rules: forced first token, EOS at the limit, suppressed ids, repetition control
-      (``TokenRules``).
-    target_prefix_BP: int ``[B, P]``, each row's forced first tokens then ``pad_id``
-      (see ``decoding.prefix``); None forces nothing.
+    pad_id, rules, target_prefix_BP: as ``greedy_search``.
 
   Returns:
     ``(tokens_BT, scores_B)`` as ``greedy_search``; scores are the log-probabilities

@@ -21,6 +21,7 @@ from seq2seq_jax.layers.embeddings import PositionEmbedding
 from seq2seq_jax.models.base import PACKING_KEYS, shift_right, special_ids
 from seq2seq_jax.models.registry import build_model
 from seq2seq_jax.training import step as step_lib
+from tests.models.model_checks import transformer_variants
 
 V, D, H, F, L = 13, 12, 3, 20, 11  # pairwise distinct; L: the packed row length
 
@@ -32,11 +33,7 @@ T5_BASE = T5Config(vocab_size=V, model_dim=D, num_heads=H, head_dim=5, mlp_dim=F
                    relative_max_distance=5, max_len=16, dropout_rate=0.0)
 
 VARIANTS = {
-    "post_sinusoidal": TRANSFORMER,
-    "pre_sinusoidal": dataclasses.replace(TRANSFORMER, norm="pre"),
-    "post_learned": dataclasses.replace(TRANSFORMER, positions="learned"),
-    "pre_learned_untied": dataclasses.replace(TRANSFORMER, norm="pre", positions="learned",
-                                              share_embeddings=False, tie_output=False),
+    **transformer_variants(TRANSFORMER),
     # Marian's ids: decoding starts from pad (the last id), eos is 0; its own position table.
     "marian_ids": dataclasses.replace(TRANSFORMER, positions="sinusoidal_marian",
                                       pad_id=V - 1, decoder_start_id=V - 1, eos_id=0,

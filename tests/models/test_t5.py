@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +11,9 @@ from seq2seq_jax.configs import DecodeConfig, ExperimentConfig, T5Config
 from seq2seq_jax.decoding import generate, generate_uncached
 from seq2seq_jax.models.registry import build_model
 from seq2seq_jax.models.t5 import T5
+from tests.models.model_checks import (check_cached_decode_parity,
+                                       check_causal_through_gradients,
+                                       check_source_padding_changes_no_logit, perturbed_init)
 
 V, D, H, K, F, S, T = 13, 12, 3, 5, 20, 7, 6  # pairwise distinct; H * K != D
 
@@ -33,31 +35,15 @@ VARIANTS = {
 
 def init(config):
   model = T5(config)
-  params = model.init(jax.random.key(0), INPUTS, TARGETS)["params"]
-  # Perturb every parameter so norm scales are not the trivial 1.
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(1), len(leaves))
-  params = jax.tree.unflatten(tree, [p + 0.1 * jax.random.normal(k, p.shape)
-                                     for p, k in zip(leaves, keys)])
-  return model, params
+  return model, perturbed_init(model, INPUTS, TARGETS)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_cached_decode_step_matches_teacher_forced_decode(name):
   model, params = init(VARIANTS[name])
-  variables = {"params": params}
-  full_BTV = model.apply(variables, INPUTS, TARGETS)
-  memory = model.apply(variables, INPUTS, method="encode")
   # A cache longer than the targets: the position bias row must be read at each step's index.
-  cache = model.apply(variables, memory, T + 5, method="init_cache")
-  step = jax.jit(lambda m, tok, c: model.apply(variables, m, tok, c, method="decode_step"))
-  tokens_B = jnp.zeros((2,), jnp.int32)  # the decoder start is pad
-  for t in range(T):
-    logits_BV, cache = step(memory, tokens_B, cache)
-    np.testing.assert_allclose(logits_BV, full_BTV[:, t], rtol=2e-5, atol=2e-5,
-                               err_msg=f"position {t}")
-    tokens_B = TARGETS[:, t]
-  assert int(cache["index"]) == T
+  # The decoder start is pad (0).
+  check_cached_decode_parity(model, params, INPUTS, TARGETS, start_id=0, cache_len=T + 5)
 
 
 def test_decode_step_past_the_cache_is_nan_and_long_caches_are_refused():
@@ -81,33 +67,19 @@ def test_causality_through_gradients():
   """d logits[:, t] / d (decoder input vector at u) is zero exactly when u > t."""
   model, params = init(VARIANTS["v1_1_gated_untied"])
 
-  def logits_from_perturbation(delta_BTD):
-    def add_delta(next_fun, args, kwargs, context):
-      out = next_fun(*args, **kwargs)
-      # The decoder's token vectors: the embedding called on [B, T] decoder inputs (the
-      # encoder's call has S != T positions).
-      if (context.module.name == "embedding" and context.method_name == "__call__"
-          and out.shape == delta_BTD.shape):
-        return out + delta_BTD
-      return out
-    with nn.intercept_methods(add_delta):
-      return model.apply({"params": params}, INPUTS, TARGETS)
+  def perturbs(context, out):
+    # The decoder's token vectors: the embedding called on [B, T] decoder inputs (the
+    # encoder's call has S != T positions).
+    return (context.module.name == "embedding" and context.method_name == "__call__"
+            and out.shape == (2, T, D))
 
-  delta = jnp.zeros((2, T, D))
-  for t in range(T):
-    grad_BTD = jax.grad(lambda d: logits_from_perturbation(d)[:, t].sum())(delta)
-    norms_T = np.abs(np.asarray(grad_BTD)).sum(axis=(0, 2))
-    assert np.all(norms_T[t + 1:] == 0), f"position {t} sees the future: {norms_T}"
-    assert np.all(norms_T[:t + 1] > 0), f"position {t} ignores its past: {norms_T}"
+  check_causal_through_gradients(model, params, INPUTS, TARGETS, D, perturbs=perturbs)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_source_padding_changes_no_logit(name):
   model, params = init(VARIANTS[name])
-  base = model.apply({"params": params}, INPUTS, TARGETS)
-  padded = jnp.pad(INPUTS, ((0, 0), (0, 4)), constant_values=0)
-  np.testing.assert_allclose(model.apply({"params": params}, padded, TARGETS), base,
-                             rtol=1e-5, atol=1e-5)
+  check_source_padding_changes_no_logit(model, params, INPUTS, TARGETS, pad_id=0)
 
 
 def test_attention_maps_shapes_and_parameter_structure():

@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +11,10 @@ from seq2seq_jax.configs import TransformerConfig
 from seq2seq_jax.models.registry import build_model
 from seq2seq_jax.models.transformer import Transformer
 from seq2seq_jax.types import BOS_ID, PAD_ID
+from tests.models.model_checks import (check_cached_decode_parity,
+                                       check_causal_through_gradients,
+                                       check_source_padding_changes_no_logit, perturbed_init,
+                                       transformer_variants)
 
 V, D, H, F, S, T = 13, 12, 3, 20, 7, 5  # pairwise distinct sizes
 
@@ -24,39 +27,16 @@ TARGETS = jnp.array([[7, 8, 9, 5, 2], [12, 4, 2, 0, 0]], jnp.int32)
 
 def init(config):
   model = Transformer(config)
-  params = model.init(jax.random.key(0), INPUTS, TARGETS)["params"]
-  # Perturb every parameter so LayerNorm scales and biases are not the trivial 1 / 0.
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(1), len(leaves))
-  params = jax.tree.unflatten(tree, [p + 0.1 * jax.random.normal(k, p.shape)
-                                     for p, k in zip(leaves, keys)])
-  return model, params
+  return model, perturbed_init(model, INPUTS, TARGETS)
 
 
-VARIANTS = {
-    "post_sinusoidal": BASE,
-    "pre_sinusoidal": dataclasses.replace(BASE, norm="pre"),
-    "post_learned": dataclasses.replace(BASE, positions="learned"),
-    "pre_learned_untied": dataclasses.replace(BASE, norm="pre", positions="learned",
-                                              share_embeddings=False, tie_output=False),
-}
+VARIANTS = transformer_variants(BASE)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_cached_decode_step_matches_teacher_forced_decode(name):
   model, params = init(VARIANTS[name])
-  variables = {"params": params}
-  full_BTV = model.apply(variables, INPUTS, TARGETS)
-  memory = model.apply(variables, INPUTS, method="encode")
-  cache = model.apply(variables, memory, T, method="init_cache")
-  step = jax.jit(lambda m, tok, c: model.apply(variables, m, tok, c, method="decode_step"))
-  tokens_B = jnp.full((2,), BOS_ID, jnp.int32)
-  for t in range(T):
-    logits_BV, cache = step(memory, tokens_B, cache)
-    np.testing.assert_allclose(logits_BV, full_BTV[:, t], rtol=2e-5, atol=2e-5,
-                               err_msg=f"position {t}")
-    tokens_B = TARGETS[:, t]
-  assert int(cache["index"]) == T
+  check_cached_decode_parity(model, params, INPUTS, TARGETS, start_id=BOS_ID, cache_len=T)
 
 
 def test_decode_step_past_the_cache_is_nan_not_silent():
@@ -100,30 +80,16 @@ def test_causality_through_gradients():
   """d logits[:, t] / d (decoder input at position u) is zero exactly when u > t."""
   model, params = init(BASE)
 
-  def logits_from_perturbation(delta_BTD):
-    def add_delta(next_fun, args, kwargs, context):
-      out = next_fun(*args, **kwargs)
-      if context.module.name == "target_positions" and context.method_name == "__call__":
-        return out + delta_BTD
-      return out
-    with nn.intercept_methods(add_delta):
-      return model.apply({"params": params}, INPUTS, TARGETS)
+  def perturbs(context, out):
+    return context.module.name == "target_positions" and context.method_name == "__call__"
 
-  delta = jnp.zeros((2, T, D))
-  for t in range(T):
-    grad_BTD = jax.grad(lambda d: logits_from_perturbation(d)[:, t].sum())(delta)
-    norms_T = np.abs(np.asarray(grad_BTD)).sum(axis=(0, 2))
-    assert np.all(norms_T[t + 1:] == 0), f"position {t} sees the future: {norms_T}"
-    assert np.all(norms_T[:t + 1] > 0), f"position {t} ignores its past: {norms_T}"
+  check_causal_through_gradients(model, params, INPUTS, TARGETS, D, perturbs=perturbs)
 
 
 @pytest.mark.parametrize("name", ["post_sinusoidal", "pre_learned_untied"])
 def test_source_padding_changes_no_logit(name):
   model, params = init(VARIANTS[name])
-  base = model.apply({"params": params}, INPUTS, TARGETS)
-  padded = jnp.pad(INPUTS, ((0, 0), (0, 4)), constant_values=PAD_ID)
-  np.testing.assert_allclose(model.apply({"params": params}, padded, TARGETS), base,
-                             rtol=1e-5, atol=1e-5)
+  check_source_padding_changes_no_logit(model, params, INPUTS, TARGETS, pad_id=PAD_ID)
 
 
 def test_attention_maps_shapes_and_normalisation():
