@@ -11,7 +11,7 @@ Each is loaded by ``seq2seq_jax.pretrained.load`` (JAX), by transformers
 system generates exactly ``output_len`` tokens (EOS suppressed); the greedy outputs
 of the three are compared token by token first, then generated tokens/s are timed
 for greedy and beam 4 at batch 32, systems alternated round by round, each with all
-the machine's threads (``seq2seq_jax.pretrained.runtimes``).
+the machine's threads (``seq2seq_jax.benchmark_runtimes``).
 
 Loading, measured in fresh processes: the peak resident memory of
 ``pretrained.load`` (one ``model.safetensors``, and the same tensors as safetensors
@@ -163,7 +163,8 @@ def main() -> None:
   import numpy as np  # noqa: PLC0415
 
   from seq2seq_jax import benchmarking  # noqa: PLC0415
-  from seq2seq_jax.pretrained import fixtures, runtimes  # noqa: PLC0415
+  from seq2seq_jax import benchmark_runtimes as runtimes  # noqa: PLC0415
+  from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
 
   parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--keep", type=pathlib.Path, default=None,

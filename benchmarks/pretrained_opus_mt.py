@@ -10,7 +10,7 @@ PyTorch float32) and converted by CTranslate2's own ``TransformersConverter``
 ``min_new_tokens``, ``min_decoding_length``); the greedy outputs of the three are
 compared token by token first, then generated tokens/s are timed for greedy and
 beam 4 at batch 32 and batch 1, systems alternated round by round, each with all
-the machine's threads (``seq2seq_jax.pretrained.runtimes``).
+the machine's threads (``seq2seq_jax.benchmark_runtimes``).
 
   python benchmarks/pretrained_opus_mt.py [--out FILE.json] [--plot FILE.png] [--rounds N]
   SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_opus_mt.py   # tiny sizes, for CI
@@ -38,7 +38,8 @@ def main() -> None:
   import numpy as np  # noqa: PLC0415
 
   from seq2seq_jax import benchmarking  # noqa: PLC0415
-  from seq2seq_jax.pretrained import fixtures, runtimes  # noqa: PLC0415
+  from seq2seq_jax import benchmark_runtimes as runtimes  # noqa: PLC0415
+  from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
 
   started = runtimes.start(benchmarking.argument_parser(__file__, __doc__), "pretrained_opus_mt",
                            settings(benchmarking.quick_mode()))

@@ -103,7 +103,7 @@ def write_lines(path: pathlib.Path, lines: list[str], count: int) -> pathlib.Pat
 
 def main() -> None:
   from seq2seq_jax import benchmarking  # noqa: PLC0415
-  from seq2seq_jax.pretrained import runtimes  # noqa: PLC0415
+  from seq2seq_jax import benchmark_runtimes as runtimes  # noqa: PLC0415
 
   parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--corpus", type=pathlib.Path, default=CORPUS,
