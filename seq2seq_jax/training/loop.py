@@ -381,9 +381,9 @@ class _Run:
       state_sharding_fn = sharding_lib.state_sharding_fn(train_config.parameter_sharding)
     self._state_sharding_fn = state_sharding_fn
     dtype = None if train_config.compute_dtype == "float32" else train_config.compute_dtype
-    self.model = step_lib.build_model(config.model, compute_dtype=dtype)
     self._schedule = schedules.make_schedule(train_config)
     self._optimizer = optimizer_lib.make_optimizer(train_config, self._schedule)
+    self.model = step_lib.build_model(config.model, compute_dtype=dtype)
     self.iterator = pipeline.make_train_iterator(config.data, tokenizer,
                                                  shard_index=jax.process_index(),
                                                  shard_count=jax.process_count())
