@@ -37,8 +37,6 @@ from seq2seq_jax.layers.partitioning import activation_sharding
 from seq2seq_jax.models.base import PACKING_KEYS
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training import step as step_lib
-from seq2seq_jax.training.optimizer import make_optimizer
-from seq2seq_jax.training.schedules import make_schedule
 
 PROGRAMS = ("train", "eval", "generate", "score")
 
@@ -144,14 +142,7 @@ def train_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | None = No
   rows = rows or default_rows(config, mesh, "train", length)
   _check_rows(rows, row_unit(config, mesh, "train"), "train")
   model = _model(config, model, "train")
-  schedule = make_schedule(train)
-  optimizer = make_optimizer(train, schedule)
-  state = step_lib.abstract_train_state(
-      model, optimizer, mesh=mesh,
-      state_sharding_fn=sharding_lib.state_sharding_fn(train.parameter_sharding))
-  jitted = step_lib.make_train_step(model, optimizer, schedule, mesh=mesh, state=state,
-                                    label_smoothing=train.label_smoothing,
-                                    grad_accum_steps=train.grad_accum_steps)
+  state, jitted = step_lib.abstract_train_program(model, train, mesh=mesh)
   batch = {"inputs": _rows_spec(mesh, rows, length), "targets": _rows_spec(mesh, rows, length)}
   if config.data.packing:
     batch.update({key: _rows_spec(mesh, rows, length) for key in PACKING_KEYS})
@@ -170,9 +161,7 @@ def eval_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | None = Non
   rows = rows or default_rows(config, mesh, "eval", length)
   _check_rows(rows, row_unit(config, mesh, "eval"), "eval")
   model = _model(config, model, "eval")
-  state = step_lib.abstract_train_state(
-      model, make_optimizer(train, make_schedule(train)), mesh=mesh,
-      state_sharding_fn=sharding_lib.state_sharding_fn(train.parameter_sharding))
+  state, _ = step_lib.abstract_train_program(model, train, mesh=mesh)  # for its shardings
   jitted = step_lib.make_eval_step(model, mesh=mesh, params=state.params,
                                    label_smoothing=train.label_smoothing)
   batch = {"inputs": _rows_spec(mesh, rows, length), "targets": _rows_spec(mesh, rows, length)}

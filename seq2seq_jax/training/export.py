@@ -31,8 +31,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from seq2seq_jax.configs import TrainConfig
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.training import step as step_lib
-from seq2seq_jax.training.optimizer import make_optimizer
-from seq2seq_jax.training.schedules import make_schedule
 
 
 def flat_train_state(state: Any) -> list[jax.Array]:
@@ -64,14 +62,7 @@ def export_train_step(model_config: Any, train_config: TrainConfig = TrainConfig
   sharding_lib.check_model_parallelism(model_config, mesh.shape[sharding_lib.MODEL_AXIS])
   dtype = None if train_config.compute_dtype == "float32" else train_config.compute_dtype
   model = step_lib.build_model(model_config, compute_dtype=dtype)
-  schedule = make_schedule(train_config)
-  optimizer = make_optimizer(train_config, schedule)
-  state = step_lib.abstract_train_state(
-      model, optimizer, mesh=mesh,
-      state_sharding_fn=sharding_lib.state_sharding_fn(train_config.parameter_sharding))
-  train_step = step_lib.make_train_step(model, optimizer, schedule, mesh=mesh, state=state,
-                                        label_smoothing=train_config.label_smoothing,
-                                        grad_accum_steps=train_config.grad_accum_steps)
+  state, train_step = step_lib.abstract_train_program(model, train_config, mesh=mesh)
   leaves, treedef = jax.tree.flatten(state)
   key_data = jax.random.key_data(jax.random.key(0))
   replicated = NamedSharding(mesh, P())

@@ -42,6 +42,8 @@ from seq2seq_jax.models import registry
 from seq2seq_jax.training import sharding as sharding_lib
 from seq2seq_jax.models.base import PACKING_KEYS, special_ids
 from seq2seq_jax.training.losses import cross_entropy_sums
+from seq2seq_jax.training.optimizer import make_optimizer
+from seq2seq_jax.training.schedules import make_schedule
 from seq2seq_jax.types import Array, PRNGKey, PyTree
 
 Batch = Mapping[str, Array]
@@ -323,6 +325,23 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation,
                            mesh=mesh)
   return jax.jit(step, in_shardings=(state_shardings, batch_sharding(mesh), replicated),
                  out_shardings=(state_shardings, replicated), donate_argnums=0)
+
+
+def abstract_train_program(model: nn.Module, train_config: Any, *, mesh: Mesh
+                           ) -> tuple[TrainState, Callable[..., Any]]:
+  """The train state as shapes and shardings (no values) and the jitted train step of
+  ``model`` under ``train_config`` (schedule, optimizer, parameter sharding, label
+  smoothing, gradient accumulation) on ``mesh``: what ahead-of-time compiles
+  (``seq2seq_jax.aot``) and exports (``training.export``) lower."""
+  schedule = make_schedule(train_config)
+  optimizer = make_optimizer(train_config, schedule)
+  state = abstract_train_state(
+      model, optimizer, mesh=mesh,
+      state_sharding_fn=sharding_lib.state_sharding_fn(train_config.parameter_sharding))
+  step = make_train_step(model, optimizer, schedule, mesh=mesh, state=state,
+                         label_smoothing=train_config.label_smoothing,
+                         grad_accum_steps=train_config.grad_accum_steps)
+  return state, step
 
 
 def make_eval_step(model: nn.Module, *, mesh: Mesh, params: Any,
