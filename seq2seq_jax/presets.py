@@ -108,7 +108,7 @@ def _multi30k_rnn(attention: str, cell: str, bidirectional: bool, *, hidden_dim:
                   target_lang: str = "en") -> ExperimentConfig:
   """A one-layer recurrent encoder-decoder on Multi30k, sized for one CPU core.
 
-  The README's numbers come from training ``multi30k_rnn_attention`` and
+  The numbers in benchmarks/RESULTS.md (Multi30k BLEU) come from training ``multi30k_rnn_attention`` and
   ``multi30k_gru`` side by side, each pinned to one of the two cores: a scan's
   small per-step matmuls gain little from a second thread.
   """

@@ -125,7 +125,7 @@ def test_pair_task_on_multi30k_tiny(multi30k_tiny):
 @pytest.mark.slow
 @pytest.mark.data
 def test_short_training_beats_chance_on_held_out_hard_negatives(multi30k_raw):
-  """A slice of Multi30k for a few epochs; the full run (README) reaches >= 85%."""
+  """A slice of Multi30k for a few epochs; the full run (docs/guides/models.md) reaches >= 85%."""
   task = build_pair_task(multi30k_raw, eval_splits=("val",), limit=2500)
   config = DecomposableAttentionConfig(vocab_size=task.vocab.size, embed_dim=32, hidden_dim=48,
                                        dropout_rate=0.1, max_len=task.max_len)
@@ -134,5 +134,5 @@ def test_short_training_beats_chance_on_held_out_hard_negatives(multi30k_raw):
                                      eval_splits=("val",), log=lambda line: None)
   assert history["loss"][-1] < history["loss"][0]
   # Chance is 0.5 and 2 * 1014 pairs give it a standard deviation of 0.011; this
-  # slice reaches about 0.61 (the full run, README, reaches >= 0.85).
+  # slice reaches about 0.61 (the full run, docs/guides/models.md, reaches >= 0.85).
   assert history["val"][-1] >= 0.57
