@@ -17,6 +17,7 @@ corpus, which a compile never sees. The report assumes ``ASSUMED_PACKING_FILL``
 
 XLA's cost analysis counts the body of a loop once. Every trip is counted here
 in one of two ways, and the report says which (``loops``):
+
 - loops of a fixed length (``lax.scan`` over time in the recurrent models, a
   ``fori_loop``): their trip counts are read off the compiled program
   (``hlo.loop_trips``), and what the compiler's single count leaves out, the body
@@ -24,6 +25,7 @@ in one of two ways, and the report says which (``loops``):
 - a search's loop, which stops when every row is done: one step is compiled without
   loops (``programs.decode_step``, at the last position: the whole cache read) and
   multiplied by the output limit; ``search`` holds the whole search beside the step.
+
 A program with a loop whose trips neither way can count gives no time and no MFU:
 ``loops_counted_once`` is set and ``loops`` says which loop.
 """
