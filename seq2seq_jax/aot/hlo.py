@@ -161,18 +161,20 @@ class Traffic:
     return sorted(self.by_instruction.items(), key=lambda item: -item[1])[:count]
 
 
-def hbm_traffic(text: str, *, every_memory: bool = False) -> Traffic:
+def hbm_traffic(text: str, *, every_memory: bool = False,
+                loops: list[Loop] | None = None) -> Traffic:
   """The HBM traffic of a compiled program's text (``compiled.as_text()``).
 
   ``every_memory=True`` counts the arrays in every memory space (vector memory
   too), as XLA's "bytes accessed" does, by the same rules for slices and in-place
-  updates: what ``loop_costs`` multiplies by a loop's trips.
+  updates: what ``loop_costs`` multiplies by a loop's trips. ``loops``: the
+  program's ``loop_trips``, where the caller has them already.
   """
   kept = lambda array: every_memory or array.in_hbm
   found, entry = computations(text)
   if entry is None:
     return Traffic(0.0, 0)
-  loops = {loop.name: loop.trips for loop in loop_trips(text) if loop.how != "at most"}
+  trips_of = _exact_trips(loop_trips(text) if loops is None else loops)
   unknown = 0
   by_instruction: dict[str, float] = {}
 
@@ -226,7 +228,7 @@ def hbm_traffic(text: str, *, every_memory: bool = False) -> Traffic:
         continue
       if op == "while":
         body = re.search(r"body=%?([\w.\-]+)", instruction.attributes)
-        count = loops.get(instruction.name)
+        count = trips_of.get(instruction.name)
         if count is None:
           unknown += 1
         moved = walk(body.group(1), trips * (count if count is not None else 1), True) if body else 0
@@ -332,11 +334,11 @@ def _value(module: _Module, computation: str, name: str, depth: int = 0) -> tupl
       return None
     inner = _value(module, fused, root.name, depth + 1)
     return _substitute(inner, lambda i: (_value(module, computation, operands[i], depth + 1)
-                                         if i < len(operands) else None), fused, module)
+                                         if i < len(operands) else None))
   if op in ("add", "and") and len(operands) == 2:
     a, b = (_value(module, computation, o, depth + 1) for o in operands)
-    return (op, a, b) if a is not None and b is not None else (
-        ("and", a, b) if op == "and" else None)
+    # A sum needs both terms; a conjunction is kept with an unknown part ("and" data).
+    return (op, a, b) if op == "and" or (a is not None and b is not None) else None
   if op == "compare" and len(operands) == 2:
     direction = re.search(r"direction=(\w+)", instruction.attributes)
     a, b = (_value(module, computation, o, depth + 1) for o in operands)
@@ -347,16 +349,16 @@ def _value(module: _Module, computation: str, name: str, depth: int = 0) -> tupl
   return None
 
 
-def _substitute(value: tuple | None, outer, fused: str, module: _Module) -> tuple | None:
-  """A fused computation's value with its parameters replaced by the fusion's operands."""
-  if value is None:
+def _substitute(value: tuple | None, outer) -> tuple | None:
+  """A fused computation's value with its parameters replaced by the fusion's operands
+  (``outer(i)``: the value of operand i)."""
+  if value is None or value[0] == "element":  # a fused computation has no tuple parameter
     return None
   if value[0] == "parameter":
     return outer(value[1])
-  if value[0] in ("const", "element"):
-    return value if value[0] == "const" else None  # a fused computation has no tuple parameter
-  return tuple(_substitute(v, outer, fused, module) if isinstance(v, tuple) else v
-               for v in value)
+  if value[0] == "const":
+    return value
+  return tuple(_substitute(v, outer) if isinstance(v, tuple) else v for v in value)
 
 
 def _limit(condition: tuple | None) -> tuple[int, str, int, bool] | None:
@@ -434,7 +436,17 @@ def _trip_count(module: _Module, computation: str, loop: _Instruction) -> tuple[
 
 def loop_trips(text: str) -> list[Loop]:
   """Every while loop of a compiled program's text, with its trip count (see ``Loop``)."""
-  module = _Module(text)
+  return _loop_trips(_Module(text))
+
+
+def _exact_trips(loops: list[Loop]) -> dict[str, int]:
+  """The loops whose trips are known exactly, by name: what every count multiplies by
+  (an upper bound, ``"at most"``, counts one trip, as the compiler does)."""
+  return {loop.name: loop.trips for loop in loops
+          if loop.trips is not None and loop.how in ("known_trip_count", "counter")}
+
+
+def _loop_trips(module: _Module) -> list[Loop]:
   found = []
   for computation in module.lines:
     for instruction in module.instructions(computation).values():
@@ -522,8 +534,8 @@ def _loop_label(op_name: str) -> str:
 def loop_costs(text: str) -> LoopCosts:
   """The loops of a compiled program's text and what their uncounted trips cost."""
   module = _Module(text)
-  costs = LoopCosts(loop_trips(text))
-  trips = {loop.name: loop.trips for loop in costs.loops}
+  costs = LoopCosts(_loop_trips(module))
+  trips = _exact_trips(costs.loops)
   if module.entry is None:
     return costs
 
@@ -548,7 +560,7 @@ def loop_costs(text: str) -> LoopCosts:
       costs.flops_in_loops += flops if inside else 0.0
 
   walk(module.entry, 1, False)
-  accessed = hbm_traffic(text, every_memory=True)
+  accessed = hbm_traffic(text, every_memory=True, loops=costs.loops)
   costs.extra_bytes = accessed.in_loops - accessed.in_loops_once
   costs.bytes_in_loops = accessed.in_loops_once
   return costs

@@ -249,7 +249,7 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   loops = loop_costs(text)
   flops = float(cost["flops"]) + loops.extra_flops
   accessed = float(cost.get("bytes accessed", 0.0)) + loops.extra_bytes
-  traffic = hbm_traffic(text)
+  traffic = hbm_traffic(text, loops=loops.loops)
   step_seconds, mfu = roofline(flops, accessed, target)
   hbm_seconds, hbm_mfu = roofline(flops, traffic.hbm_bytes, target)
   how = ""
@@ -415,8 +415,8 @@ def find_max_batch(config: ExperimentConfig, target: str | Target, program: str 
       on_probe(report)
     return report
 
-  if start_rows is None:
-    start_rows = first.rows if first is not None else None
+  if start_rows is None and first is not None:
+    start_rows = first.rows
   if start_rows is None:
     built_length = length or (programs_lib.train_length(config) if program == "train" else
                               programs_lib.longest_bucket(config) if program == "eval" else None)
@@ -485,14 +485,14 @@ def _predict_max_batch(first: CompileReport, probe: Callable[[int], CompileRepor
   if other_rows == first.rows:
     return (first if first.fits else None), "one row unit: nothing to predict"
   second = probe(other_rows)
+  fitting = [r for r in (first, second) if r.fits]
+  largest_fitting = max(fitting, key=lambda r: r.rows) if fitting else None
   low, high = sorted((first, second), key=lambda r: r.rows)
   # A batch that does not fit still reports what it needed (the compiler's message).
   low_total, high_total = low.per_chip_bytes.get("total", 0), high.per_chip_bytes.get("total", 0)
   per_row = (high_total - low_total) / (high.rows - low.rows)
   if low_total <= 0 or per_row <= 0:
-    fitting = [r for r in (first, second) if r.fits]
-    return (max(fitting, key=lambda r: r.rows) if fitting else None,
-            "the compiler's memory did not grow with rows")
+    return largest_fitting, "the compiler's memory did not grow with rows"
   room = low.hbm_bytes_per_chip - low_total
   predicted = min(max_rows, low.rows + math.floor(room / per_row / unit) * unit)
   line = (f"a line through {low.rows} and {high.rows} rows ({per_row / 2**20:.2f} MiB per "
@@ -511,12 +511,11 @@ def _predict_max_batch(first: CompileReport, probe: Callable[[int], CompileRepor
               f"said {expected / GiB:.2f}: the compiler rematerializes near the limit, so "
               "larger batches may fit (method='bisect' finds the largest)")
     return confirmed, how
-  fitting = [r for r in (first, second) if r.fits]
-  if not fitting:
+  if largest_fitting is None:
     return None, line
-  best = max(fitting, key=lambda r: r.rows)
-  return best, (line + f"; that compile did NOT fit, so {best.rows} rows, the largest compiled "
-                "batch that fits, is reported (the largest may lie between)")
+  return largest_fitting, (line + f"; that compile did NOT fit, so {largest_fitting.rows} rows, "
+                           "the largest compiled batch that fits, is reported (the largest may "
+                           "lie between)")
 
 
 def _probe_summary(report: CompileReport) -> dict[str, Any]:
