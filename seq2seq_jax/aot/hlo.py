@@ -499,6 +499,9 @@ class LoopCosts:
     extra_bytes: the same for bytes accessed.
     flops_in_loops: the FLOPs of the loop bodies counted once each, as the compiler does.
     bytes_in_loops: the same for bytes accessed.
+    cycles: the TPU compiler's own estimate of the program's core cycles: the sum of
+      the ``estimated_cycles`` it writes on each scheduled instruction, loop bodies
+      times their trips (0 where the compiler writes none: XLA's GPU compiler).
   """
 
   loops: list[Loop]
@@ -506,6 +509,7 @@ class LoopCosts:
   extra_bytes: float = 0.0
   flops_in_loops: float = 0.0
   bytes_in_loops: float = 0.0
+  cycles: float = 0.0
 
   @property
   def counted(self) -> bool:
@@ -531,6 +535,9 @@ def _loop_label(op_name: str) -> str:
   return label + (" (backward)" if "transpose(" in op_name else "")
 
 
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+
+
 def loop_costs(text: str) -> LoopCosts:
   """The loops of a compiled program's text and what their uncounted trips cost."""
   module = _Module(text)
@@ -542,6 +549,9 @@ def loop_costs(text: str) -> LoopCosts:
   def walk(computation: str, multiplier: int, inside: bool) -> None:
     for instruction in module.instructions(computation).values():
       op = instruction.op
+      cycles = _CYCLES.search(instruction.attributes)
+      if cycles:
+        costs.cycles += int(cycles.group(1)) * multiplier
       if op in _FREE:
         continue
       if op == "while":

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.experimental.layout import Format, Layout
 
 from seq2seq_jax.configs import DecodeConfig, ExperimentConfig
 from seq2seq_jax.data.pipeline import bucket_rows
@@ -250,7 +251,10 @@ def decode_step_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | Non
                                    jax.ShapeDtypeStruct((rows, length), jnp.int32))
   shard = lambda x: jax.ShapeDtypeStruct(
       x.shape, x.dtype, sharding=rows_sharding if x.ndim else NamedSharding(mesh, P()))
+  # Inside the search's loop the cache is loop state, laid out as the step needs it:
+  # its layout here is the compiler's choice too, not the row-major one of an argument.
   memory, cache = jax.tree.map(shard, memory), jax.tree.map(shard, cache)
+  free_cache = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), cache)
 
   def step(params, memory, tokens_N, cache):
     with activation_sharding(mesh), cache_reads_in_one_block():
@@ -262,13 +266,16 @@ def decode_step_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | Non
       if beams == 1:
         return selection.argmax(logprobs_NV), cache
       vocab = logprobs_NV.shape[-1]
-      scores_BK, flat_BK = selection.top_k(logprobs_NV.reshape(rows, beams * vocab), 2 * beams)
+      scores_BK, flat_BK = selection.top_k_of_rows(logprobs_NV.reshape(rows, beams, vocab),
+                                                   2 * beams)
       # The live beams continue the best W candidates' parents (the KVCache moves its slots).
       cache = gather_beams(cache, flat_BK[:, :beams] // vocab, flat=True)
       return (flat_BK % vocab, scores_BK), cache
 
-  jitted = jax.jit(step, donate_argnums=3)
   tokens = _rows_spec(mesh, rows * beams)
+  fixed = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+  jitted = jax.jit(step, donate_argnums=3, out_shardings=(None, free_cache),
+                   in_shardings=(fixed(params), fixed(memory), fixed(tokens), free_cache))
   return Program("decode_step", jitted, (params, memory, tokens, cache), rows, length,
                  max_decode_len, _search_settings(decode))
 

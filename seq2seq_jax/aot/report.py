@@ -10,6 +10,17 @@ the chip's bfloat16 peak and bytes over its HBM bandwidth (``targets.CHIPS``), a
 the implied MFU is FLOPs over that time and the peak: a roofline, an optimistic
 bound rather than a prediction.
 
+Beside it, the compiler's own cycle estimate (``cycles_step_seconds``): the TPU
+compiler writes an ``estimated_cycles`` on every scheduled instruction; their sum
+(loop bodies times their trips) is turned into seconds by the cycles the same
+compiler estimates for a large bfloat16 matmul on the chip, taken to run at the
+published peak (``cycles_per_second``). No measured step enters it. It charges
+what the roofline cannot see (matrix shapes that fill the matrix units badly,
+vector work, random bits for dropout), and adds up instructions that may overlap.
+On the published runs set against it (``benchmarks/RESULTS.md``, "Estimates against
+published runs") real steps fell between the two: the roofline is a floor, the
+cycle estimate the one to plan with.
+
 A packed training program (``data.packing``) has rows of the largest bucket, every
 slot of which the compiler costs; how many slots hold real tokens depends on the
 corpus, which a compile never sees. The report assumes ``ASSUMED_PACKING_FILL``
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -43,10 +55,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+from jax.sharding import SingleDeviceSharding
 
 from seq2seq_jax.aot import programs as programs_lib
 from seq2seq_jax.aot.hlo import hbm_traffic, loop_costs
-from seq2seq_jax.aot.targets import Target, parse_target, target_mesh
+from seq2seq_jax.aot.targets import Target, parse_target, target_devices, target_mesh
 from seq2seq_jax.configs import ExperimentConfig
 
 GiB = 2 ** 30
@@ -65,6 +79,9 @@ BUCKETING_FILL_MEASURED = 0.77  # the same corpus bucketed, for the comparison i
 @dataclasses.dataclass
 class CompileReport:
   """What the TPU compiler says about one program on one target (per chip unless named).
+
+  "Per chip" is per JAX device: on v3, whose TensorCores are two devices a chip, per
+  TensorCore, against half the chip's HBM, FLOPs and bandwidth.
 
   ``to_dict`` gives the JSON object ``seq2seq-jax compile --json`` writes.
   """
@@ -92,6 +109,8 @@ class CompileReport:
   hbm_traffic_per_chip: float | None = None
   hbm_step_seconds: float | None = None
   hbm_mfu: float | None = None
+  cycles_step_seconds: float | None = None  # the compiler's cycle estimate (see the module)
+  cycles_mfu: float | None = None
   message: str = ""
   decode_step: dict[str, Any] | None = None
   search: dict[str, Any] | None = None  # generate: the whole search for its output limit
@@ -187,9 +206,42 @@ def roofline(flops: float, bytes_accessed: float, target: Target) -> tuple[float
   """``(seconds, mfu)``: the larger of FLOPs / peak and bytes / bandwidth, and the FLOP
   share of the peak that time implies."""
   chip = target.chip
-  seconds = max(flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth)
-  mfu = flops / (seconds * chip.peak_flops) if seconds > 0 else 0.0
+  seconds = max(flops / chip.device_peak_flops, bytes_accessed / chip.device_hbm_bandwidth)
+  mfu = flops / (seconds * chip.device_peak_flops) if seconds > 0 else 0.0
   return seconds, mfu
+
+
+# The matmul that times a compiler cycle: large enough that every generation's
+# matrix units run it at their peak, [8192, 8192] x [8192, 8192] in bfloat16.
+_TIMING_MATMUL = 8192
+
+
+@functools.lru_cache(maxsize=None)
+def _cycles_per_second(chip: str, topology: str) -> float:
+  target = parse_target(topology)
+  n = _TIMING_MATMUL
+  shape = jax.ShapeDtypeStruct((n, n), jnp.bfloat16,
+                               sharding=SingleDeviceSharding(target_devices(target)[0]))
+  with _not_in_persistent_cache():
+    text = jax.jit(jnp.matmul).lower(shape, shape).compile().as_text()
+  cycles = loop_costs(text).cycles
+  return cycles / (2 * n ** 3 / target.chip.device_peak_flops) if cycles else 0.0
+
+
+def cycles_per_second(target: Target) -> float:
+  """The compiler's cycles a second on ``target``'s chip, timed by a matmul at peak.
+
+  The TPU compiler's cycle estimates for an [8192, 8192] x [8192, 8192] bfloat16
+  matmul on one device, over the time its FLOPs take at the published peak
+  (``Chip.peak_flops``): the scale that turns a program's summed
+  ``estimated_cycles`` into seconds. 0 where the compiler writes no cycles. On
+  libtpu 0.0.42.1: v3 969 M, v4 1,131 M, v5e 1,712 M, v5p 1,942 M, v6e 2,486 M a
+  second (near the chips' clocks: a matmul that large runs at 88-97 % of peak by
+  the clocks' arithmetic).
+  """
+  if target.chip.platform != "tpu":
+    return 0.0
+  return _cycles_per_second(target.chip.name, f"{target.chip.name}:{'x'.join(['1'] * target.chip.dims)}")
 
 
 def compile_program(program: programs_lib.Program, target: Target, *,
@@ -206,7 +258,7 @@ def compile_program(program: programs_lib.Program, target: Target, *,
                 program=program.name, model=model_name, rows=program.rows,
                 source_len=program.source_len, target_len=program.target_len,
                 tokens_per_step=program.tokens_per_step, settings=dict(program.settings),
-                hbm_bytes_per_chip=target.chip.hbm_bytes, packing=packing,
+                hbm_bytes_per_chip=target.chip.device_hbm_bytes, packing=packing,
                 assumed_fill=ASSUMED_PACKING_FILL if packing else None,
                 estimated_real_tokens_per_step=(program.tokens_per_step * ASSUMED_PACKING_FILL
                                                 if packing else None))
@@ -238,7 +290,7 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   # Donated arguments alias outputs: those bytes are held once.
   sizes["total"] = (sizes["arguments"] + sizes["outputs"] - int(memory.alias_size_in_bytes)
                     + sizes["temporaries"] + sizes["generated_code"])
-  fits = sizes["total"] <= target.chip.hbm_bytes
+  fits = sizes["total"] <= target.chip.device_hbm_bytes
   if "flops" not in cost:  # XLA's GPU compiler: no cost analysis of a compile-only executable
     return CompileReport(
         **common, per_chip_bytes=sizes, fits=fits, flops_per_chip=None,
@@ -262,9 +314,14 @@ def compile_program(program: programs_lib.Program, target: Target, *,
       compile_seconds=seconds, loops_counted_once=not loops.counted, loops=how,
       hbm_traffic_per_chip=traffic.hbm_bytes, hbm_step_seconds=hbm_seconds, hbm_mfu=hbm_mfu,
       message="" if fits else "the program needs more memory than the chip has")
+  rate = cycles_per_second(target) if loops.cycles else 0.0
+  if rate:
+    report.cycles_step_seconds = loops.cycles / rate
+    report.cycles_mfu = flops / (report.cycles_step_seconds * target.chip.device_peak_flops)
   if not loops.counted:  # figures of one trip of some loop: no time, no MFU
     report.estimated_step_seconds = report.estimated_mfu = None
     report.hbm_step_seconds = report.hbm_mfu = None
+    report.cycles_step_seconds = report.cycles_mfu = None
   if program.name == "generate":  # what runs once, outside the search's loop
     report.search = {"flops_outside_loop": max(0.0, float(cost["flops"]) - loops.flops_in_loops),
                      "bytes_outside_loop": max(0.0, float(cost.get("bytes accessed", 0.0))
@@ -284,7 +341,7 @@ def decode_step_bound(program: programs_lib.Program, target: Target) -> float:
   read_memory = {path: leaf for path, leaf in jax.tree_util.tree_leaves_with_path(memory)
                  if "encoded" not in jax.tree_util.keystr(path)}
   return (_shard_bytes(list(decoder_params.values())) + _shard_bytes(list(read_memory.values()))
-          + _shard_bytes(cache)) / target.chip.hbm_bandwidth
+          + _shard_bytes(cache)) / target.chip.device_hbm_bandwidth
 
 
 def _decode_step_summary(config: ExperimentConfig, target: Target, mesh: Any, rows: int,
@@ -532,7 +589,7 @@ def format_table(reports: Sequence[CompileReport]) -> str:
   """A plain-text table of reports, one line each, with a footnote on what the numbers are."""
   header = ("program", "target", "batch", "args GiB", "temp GiB", "total GiB", "HBM GiB",
             "fits", "TFLOP", "GB accessed", "est. ms", "est. MFU", "HBM GB", "HBM ms",
-            "compile s")
+            "cyc. ms", "cyc. MFU", "compile s")
   rows = []
   for r in reports:
     b = r.per_chip_bytes
@@ -547,6 +604,8 @@ def format_table(reports: Sequence[CompileReport]) -> str:
         "-" if r.estimated_mfu is None else f"{100 * r.estimated_mfu:.0f}%",
         "-" if r.hbm_traffic_per_chip is None else f"{r.hbm_traffic_per_chip / 1e9:.3g}",
         "-" if r.hbm_step_seconds is None else f"{r.hbm_step_seconds * 1e3:.3g}{step}",
+        "-" if r.cycles_step_seconds is None else f"{r.cycles_step_seconds * 1e3:.3g}{step}",
+        "-" if r.cycles_mfu is None else f"{100 * r.cycles_mfu:.0f}%",
         f"{r.compile_seconds:.0f}"))
   widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
   line = lambda cells: "  ".join(str(c).rjust(w) if i >= 3 else str(c).ljust(w)
@@ -572,7 +631,9 @@ def format_table(reports: Sequence[CompileReport]) -> str:
   out.append("Per chip. Compiler-derived estimates (the XLA compiler's memory and cost analysis "
              "against published chip figures), not measurements. est. ms: max(FLOPs / peak, "
              "bytes accessed / bandwidth); HBM GB and HBM ms: the same with the bytes that "
-             "cross the HBM bus, read off the compiled program (seq2seq_jax.aot.hlo)")
+             "cross the HBM bus, read off the compiled program (seq2seq_jax.aot.hlo); cyc. ms: "
+             "the compiler's own cycle estimates summed, a cycle timed by a large matmul at "
+             "peak. Published runs took 2.3-2.6x est. ms and 0.8-0.9x cyc. ms (RESULTS.md)")
   return "\n".join(out)
 
 

@@ -15,7 +15,7 @@ Example:
   >>> parse_target("v7x:2x2")
   Traceback (most recent call last):
   ...
-  ValueError: unknown chip 'v7x' in target 'v7x:2x2'; known chips: v4, v5e, v5p, v6e...
+  ValueError: unknown chip 'v7x' in target 'v7x:2x2'; known chips: v3, v4, v5e, v5p, v6e...
 """
 
 from __future__ import annotations
@@ -46,8 +46,11 @@ class Chip:
     topology_name: libtpu's name of the chip in a topology (``"v5e"``, ``"v5"`` for v5p).
     chip_config: libtpu's chip configuration (``"megacore"``: both TensorCores of a
       chip as one device).
-    cores_per_chip: TensorCores per chip; Cloud TPU names v4 and v5p slices by cores
+    cores_per_chip: TensorCores per chip; Cloud TPU names v3, v4 and v5p slices by cores
       (``v4-8`` is 4 chips) and v5e and v6e slices by chips.
+    devices_per_chip: JAX devices per chip: 2 on v3, whose two TensorCores are separate
+      devices with half the chip's HBM and FLOPs each (v4 and v5p join theirs, megacore).
+    axes: the interconnect's dimensions (3 for v4 and v5p's 3D torus, 2 otherwise).
     host_bounds: chips of one host along each axis (``chips_per_host_bounds``).
   """
 
@@ -60,28 +63,44 @@ class Chip:
   topology_name: str
   chip_config: str = "default"
   cores_per_chip: int = 1
+  devices_per_chip: int = 1
+  axes: int = 2
   host_bounds: tuple[int, int, int] = (2, 2, 1)
   platform: str = "tpu"
 
   @property
   def dims(self) -> int:
-    """2 for the 2D-torus chips (v5e, v6e), 3 for the 3D ones (v4, v5p), 1 for GPUs."""
-    if self.platform != "tpu":
-      return 1
-    return 3 if self.cores_per_chip == 2 else 2
+    """2 for the 2D-torus chips (v3, v5e, v6e), 3 for the 3D ones (v4, v5p), 1 for GPUs."""
+    return self.axes if self.platform == "tpu" else 1
+
+  # What one JAX device has, which is what a compiled program's figures are per.
+  @property
+  def device_hbm_bytes(self) -> int:
+    return self.hbm_bytes // self.devices_per_chip
+
+  @property
+  def device_peak_flops(self) -> float:
+    return self.peak_flops / self.devices_per_chip
+
+  @property
+  def device_hbm_bandwidth(self) -> float:
+    return self.hbm_bandwidth / self.devices_per_chip
 
 
 GiB = 2 ** 30
 CHIPS: dict[str, Chip] = {
+    "v3": Chip("v3", "TPU v3", 32 * GiB, 123e12, 900e9,
+               "https://cloud.google.com/tpu/docs/v3 (123 TFLOPs bf16, 32 GiB HBM2, 900 GBps)",
+               topology_name="v3", cores_per_chip=2, devices_per_chip=2),
     "v4": Chip("v4", "TPU v4", 32 * GiB, 275e12, 1200e9,
                "https://cloud.google.com/tpu/docs/v4 (275 TFLOPs bf16, 32 GiB HBM2, 1200 GBps)",
-               topology_name="v4", chip_config="megacore", cores_per_chip=2),
+               topology_name="v4", chip_config="megacore", cores_per_chip=2, axes=3),
     "v5e": Chip("v5e", "TPU v5 lite", 16 * GiB, 197e12, 819e9,
                 "https://cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 16 GB HBM2, 819 GBps)",
                 topology_name="v5e"),
     "v5p": Chip("v5p", "TPU v5", 95 * GiB, 459e12, 2765e9,
                 "https://cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 95 GB HBM2e, 2765 GBps)",
-                topology_name="v5", chip_config="megacore", cores_per_chip=2),
+                topology_name="v5", chip_config="megacore", cores_per_chip=2, axes=3),
     "v6e": Chip("v6e", "TPU v6 lite", 32 * GiB, 918e12, 1638e9,
                 "https://cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 32 GB HBM, 1638 GBps)",
                 topology_name="v6e"),
@@ -112,7 +131,7 @@ _SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128
 _SHAPES_3D = {1: "1x1x1", 4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4",
               128: "4x4x8", 256: "4x8x8", 512: "8x8x8"}
 EXAMPLES = ("v5e:2x4", "v5e-8", "v5e-1", "v6e-1", "v6e:2x2", "v4:2x2x1", "v4-8", "v5p:2x2x1",
-            "v5p-8", "h100", "h100-8")
+            "v5p-8", "v3-8", "v3:4x4", "h100", "h100-8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +153,11 @@ class Target:
   @property
   def chips(self) -> int:
     return math.prod(self.shape)
+
+  @property
+  def devices(self) -> int:
+    """JAX devices: the chips, or on v3 their TensorCores (``v3-8``: 4 chips, 8 devices)."""
+    return self.chips * self.chip.devices_per_chip
 
 
 def known_targets() -> str:
@@ -241,7 +265,7 @@ def _gpu_devices(target: Target) -> list[Any]:
 
 
 def target_devices(target: Target) -> list[Any]:
-  """The compile-only devices of ``target`` (one per chip), in topology order.
+  """The compile-only devices of ``target`` (one per chip, per TensorCore on v3), in order.
 
   Raises:
     ValueError: libtpu (or for a GPU, jax's CUDA plugin) is not installed; the message

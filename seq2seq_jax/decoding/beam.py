@@ -167,8 +167,7 @@ def _beam_step(live_logprobs_BW: Array, logprobs_NV: Array, live_seqs_BWT: Array
   # Clamped so a dead beam's candidates stay at NEG_INF instead of drifting lower.
   candidates_BWV = jnp.maximum(
       live_logprobs_BW[:, :, None] + logprobs_NV.reshape(batch, width, vocab), NEG_INF)
-  top_logprobs_BC, top_ids_BC = selection.top_k(candidates_BWV.reshape(batch, width * vocab),
-                                                 2 * width)
+  top_logprobs_BC, top_ids_BC = selection.top_k_of_rows(candidates_BWV, 2 * width)
   top_beams_BC = top_ids_BC // vocab
   top_tokens_BC = (top_ids_BC % vocab).astype(jnp.int32)
   top_seqs_BCT = gather_beams(live_seqs_BWT, top_beams_BC, flat=False)
@@ -221,7 +220,7 @@ def _constrained_step(live_logprobs_BW: Array, logprobs_BWV: Array, live_seqs_BW
   logprobs_BWV = jnp.where((jnp.arange(vocab) == eos_id)[None, None, :] & unfinished_BW1,
                            NEG_INF, logprobs_BWV)
   candidates_BWV = jnp.maximum(live_logprobs_BW[:, :, None] + logprobs_BWV, NEG_INF)
-  top = selection.top_k(candidates_BWV.reshape(batch, width * vocab), 2 * width)
+  top = selection.top_k_of_rows(candidates_BWV, 2 * width)
   best_BW = selection.argmax(candidates_BWV)
   ids_BK, scores_BK = constraints_lib.candidate_pool(
       candidates_BWV, met_BWC=met_BWC, progress_BWC=progress_BWC,

@@ -12,7 +12,10 @@ results equal ``jnp.argmax`` / ``lax.top_k`` exactly, ties (lowest index first) 
 
 The two stages are for the CPU: on a TPU they cost more than the one-stage primitives
 (the compiler's bytes accessed, greedy and beam steps: +5 to 7 %), so other platforms
-lower ``jnp.argmax`` and ``lax.top_k`` (``seq2seq_jax.platforms.on_cpu``).
+lower ``jnp.argmax`` and ``lax.top_k`` (``seq2seq_jax.platforms.on_cpu``); except
+beam search's choice over W x V continuations (``top_k_of_rows``), which takes each
+row's best through the block maxima everywhere but on the CPU, where a sort would
+cost more.
 """
 
 from __future__ import annotations
@@ -134,14 +137,61 @@ def top_k(x_NM: Array, k: int) -> tuple[Array, Array]:
   return platforms.on_cpu(lambda x_NM: _two_stage_top_k(x_NM, k, block), one_stage, x_NM)
 
 
+def top_k_of_rows(x_BWV: Array, k: int) -> tuple[Array, Array]:
+  """``top_k(x_BWV.reshape(B, W * V), k)``: the k largest of each ``[W, V]`` slice, and
+  their flat indices ``w * V + v``; beam search's choice among W x V continuations.
+
+  On the CPU that flat ``top_k``. Elsewhere the k largest of each of the W rows first
+  (block maxima, no sort), then the k largest of those W x k: the flat reshape would
+  relay the ``[B * W, V]`` scores out (compiled for a TPU v5e, 1,024 rows of 58,101:
+  three copies of 476 MB and a sort), and the k best of a slice are among its rows'
+  k best. Equal values keep the flat order (row first, then index): identical results.
+
+  Example:
+    >>> top_k_of_rows(jnp.array([[[1.0, 5.0], [5.0, 2.0]]]), 2)
+    (Array([[5., 5.]], dtype=float32), Array([[1, 2]], dtype=int32))
+  """
+  batch, rows, length = x_BWV.shape
+  if not isinstance(k, int) or not 0 < k <= rows * length:
+    raise ValueError(f"top_k_of_rows needs 0 < k <= {rows * length} (W x V); got k={k!r}")
+
+  def flat(x_BWV):
+    return top_k(x_BWV.reshape(batch, rows * length), k)
+
+  def by_rows(x_BWV):
+    kept = min(k, length)
+    block = 128
+    x_NV = x_BWV.reshape(batch * rows, length)
+    if length < platforms.TWO_STAGE_MIN_LENGTH or kept * block >= length // 2:
+      values_NK, ids_NK = _one_stage_top_k(x_NV, kept)
+    else:
+      values_NK, ids_NK = _two_stage_top_k(x_NV, kept, block, maxima=_window_maxima)
+    offsets_1W1 = (jnp.arange(rows, dtype=jnp.int32) * length)[None, :, None]
+    ids_BM = (ids_NK.reshape(batch, rows, kept) + offsets_1W1).reshape(batch, rows * kept)
+    values_BK, picked_BK = jax.lax.top_k(values_NK.reshape(batch, rows * kept), k)
+    return values_BK, jnp.take_along_axis(ids_BM, picked_BK, axis=-1)
+
+  return platforms.on_cpu(flat, by_rows, x_BWV)
+
+
 def _one_stage_top_k(x_NM: Array, k: int) -> tuple[Array, Array]:
   values, indices = jax.lax.top_k(x_NM, k)
   return values, indices.astype(jnp.int32)
 
 
-def _two_stage_top_k(x_NM: Array, k: int, block: int) -> tuple[Array, Array]:
+def _window_maxima(x_NM: Array, block: int) -> Array:
+  """``_block_maxima`` as one windowed reduction: no reshape of the row into blocks,
+  which the TPU compiler relays out (padding a block to its tiles) unless ``block``
+  divides the row and its tiles both."""
+  pad = -x_NM.shape[-1] % block
+  window = (1,) * (x_NM.ndim - 1) + (block,)
+  padding = ((0, 0),) * (x_NM.ndim - 1) + ((0, pad),)
+  return jax.lax.reduce_window(x_NM, -jnp.inf, jax.lax.max, window, window, padding)
+
+
+def _two_stage_top_k(x_NM: Array, k: int, block: int, maxima=_block_maxima) -> tuple[Array, Array]:
   length = x_NM.shape[-1]
-  _, blocks_NK = jax.lax.top_k(_block_maxima(x_NM, block), k)
+  _, blocks_NK = jax.lax.top_k(maxima(x_NM, block), k)
   # In index order, so that equal values keep lax.top_k's lowest-index-first order.
   blocks_NK = jnp.sort(blocks_NK.astype(jnp.int32), axis=-1)
   positions, real = _block_positions(blocks_NK, block, length)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq_jax.layers.dropout import dropout
-from seq2seq_jax.layers.partitioning import BATCH, HEADS, KV, LAYERS, LENGTH, constrain
+from seq2seq_jax.layers.partitioning import BATCH, HEADS, KV, LENGTH, constrain
 from seq2seq_jax.platforms import on_cpu
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array
 
@@ -350,29 +350,38 @@ class MultiHeadAttention(nn.Module):
 
 @flax.struct.dataclass
 class KVCache:
-  """Self-attention keys and values for incremental decoding, reordered by pointer on the CPU.
+  """Self-attention keys and values for incremental decoding; beam search moves pointers.
 
-  Row ``n`` writes its key and value for position ``t`` at ``key[n, layer, t]``,
-  and ``slots[n, t]`` names the row that holds position ``t`` of row ``n``'s
-  history. On the CPU, beam search reorders rows through ``gather_rows``, which
-  moves only the ``[N, T]`` slot table: no step copies the ``[N, L, T, H, K]``
-  buffers, and ``attend`` reads only the blocks up to the current position. A
-  position is written once, at the step that decodes it, so the entries a slot
-  points to are never overwritten.
+  Row ``n`` writes its key and value for position ``t`` of a layer at
+  ``key[layer][n, t]``, and ``slots[n, t]`` names the row that holds position ``t``
+  of row ``n``'s history. Beam search reorders rows through ``gather_rows``, which
+  moves only the ``[N, T]`` slot table: no step copies the ``[N, T, H, K]`` buffers, and
+  ``attend`` reads only the blocks up to the current position. A position is
+  written once, at the step that decodes it, so the entries a slot points to are
+  never overwritten.
 
-  Other platforms reorder the buffers themselves and read them as they lie: compiled
-  for a TPU v5e, reading one layer's keys and values through the slot table (a gather
-  of one small slice per row and position) is costed at 153 MB for 3.8 MB of cache (32
-  rows, 58 positions, d 512), a plain slice at 12 MB (``seq2seq_jax.platforms``).
+  How ``attend`` follows the slots depends on the platform. The CPU gathers each
+  row's entries. Elsewhere a gather of one small slice per row and position is
+  dear (compiled for a TPU v5e: 153 MB costed for 3.8 MB of cache, 32 rows, 58
+  positions, d 512), so the rows of one sentence's ``beams`` hypotheses are read as
+  one dense block: every hypothesis scores the keys of all ``beams`` rows at each
+  position and keeps, by a one-hot of its slot, the one its history names
+  (``beams`` x the attention FLOPs, each cached byte read once, no reorder copies).
+  ``beams`` is set by ``gather_rows`` when it tiles rows (``decoding.expand_to_beams``);
+  a cache reordered without it (``beams == 1``) copies its rows off the CPU instead.
   Greedy search and sampling never reorder: while ``rows_in_order`` holds, every
-  platform reads the buffers as they lie.
+  platform reads the buffers as they lie. One buffer a layer, not one stacked
+  ``[N, L, T, H, K]``: the TPU compiler copies a layer's slice out of a stacked
+  buffer before reading it (a beam-4 step of 256 sentences, 6 layers: 2.7 GB more).
 
   Attributes:
-    key: ``[N, L, T, H, K]``, one slice per decoder layer.
+    key: one ``[N, T, H, K]`` array per decoder layer.
     value: shaped like ``key``.
     slots: int32 ``[N, T]``.
     rows_in_order: static; True until ``gather_rows`` has been called (row n's
       history is then the buffers' row n).
+    beams: static; rows ``g * beams .. (g + 1) * beams - 1`` are one sentence's
+      hypotheses, and every slot of a row points into its own group.
 
   Example:
     >>> cache = KVCache.zeros(rows=2, layers=1, length=4, heads=1, head_dim=3)
@@ -385,20 +394,22 @@ class KVCache:
   value: Array
   slots: Array
   rows_in_order: bool = flax.struct.field(pytree_node=False, default=True)
+  beams: int = flax.struct.field(pytree_node=False, default=1)
 
   @classmethod
   def zeros(cls, *, rows: int, layers: int, length: int, heads: int, head_dim: int,
             dtype: Any = jnp.float32) -> KVCache:
     """An empty cache for ``length`` positions."""
-    shape = (rows, layers, length, heads, head_dim)
+    shape = (rows, length, heads, head_dim)
     slots_NT = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None], (rows, length))
-    buffer = lambda: constrain(jnp.zeros(shape, dtype), BATCH, LAYERS, LENGTH, HEADS, KV)
-    return cls(key=buffer(), value=buffer(), slots=constrain(slots_NT, BATCH, LENGTH))
+    buffers = lambda: tuple(constrain(jnp.zeros(shape, dtype), BATCH, LENGTH, HEADS, KV)
+                            for _ in range(layers))
+    return cls(key=buffers(), value=buffers(), slots=constrain(slots_NT, BATCH, LENGTH))
 
   @property
   def length(self) -> int:
     """T, the positions the cache holds."""
-    return self.key.shape[2]
+    return self.key[0].shape[1]
 
   def write(self, k_NHK: Array, v_NHK: Array, index: Array, layer: int) -> KVCache:
     """Stores each row's key and value for position ``index`` of ``layer``, in place.
@@ -406,50 +417,65 @@ class KVCache:
     ``dynamic_update_slice`` clamps an out-of-range index instead of failing; the
     models guard against that by poisoning the logits of such a step with NaN.
     """
-    rows = self.key.shape[0]
+    rows = self.slots.shape[0]
     zero = jnp.zeros((), index.dtype)
-    start = (zero, jnp.asarray(layer, index.dtype), index, zero, zero)
-    key = jax.lax.dynamic_update_slice(self.key, k_NHK[:, None, None].astype(self.key.dtype), start)
-    value = jax.lax.dynamic_update_slice(self.value, v_NHK[:, None, None].astype(self.value.dtype),
-                                         start)
+
+    def put(buffers, new_NHK):
+      at = jax.lax.dynamic_update_slice(buffers[layer], new_NHK[:, None].astype(buffers[layer].dtype),
+                                        (zero, index, zero, zero))
+      return buffers[:layer] + (at,) + buffers[layer + 1:]
+
     own_N1 = jnp.arange(rows, dtype=self.slots.dtype)[:, None]
     slots = jax.lax.dynamic_update_slice(self.slots, own_N1, (zero, index))
-    return KVCache(key=key, value=value, slots=slots, rows_in_order=self.rows_in_order)
+    return self.replace(key=put(self.key, k_NHK), value=put(self.value, v_NHK), slots=slots)
 
   def gather_rows(self, rows_M: Array) -> KVCache:
     """The cache whose row ``m`` continues row ``rows_M[m]``'s history.
 
-    With as many rows as before (a beam search step) only the slot table moves on
-    the CPU, the buffers' rows elsewhere; with another count (``expand_to_beams``)
-    the histories are copied out. Either way ``rows_in_order`` becomes False: the
-    beam search that follows reorders.
+    With as many rows as before (a beam search step) only the slot table moves (off
+    the CPU without ``beams``, the buffers' rows); with another count
+    (``expand_to_beams``) the histories are copied out, and a whole multiple of the
+    rows (each row tiled ``beams`` times) sets ``beams``. Either way
+    ``rows_in_order`` becomes False: the beam search that follows reorders. With
+    ``beams`` set, ``rows_M`` must keep each row within its group (beam search does).
     """
-    if rows_M.shape[0] == self.slots.shape[0]:
+    old = self.slots.shape[0]
+    if rows_M.shape[0] == old:
+      if self.beams > 1:
+        return self.replace(slots=self.slots[rows_M], rows_in_order=False)
+
       def by_pointer(key, value, slots):
         return key, value, slots[rows_M]
 
       def by_copy(key, value, slots):
-        return key[rows_M], value[rows_M], slots
+        take = lambda buffers: tuple(buffer[rows_M] for buffer in buffers)
+        return take(key), take(value), slots
 
       key, value, slots = on_cpu(by_pointer, by_copy, self.key, self.value, self.slots)
-      return KVCache(key=key, value=value, slots=slots, rows_in_order=False)
+      return self.replace(key=key, value=value, slots=slots, rows_in_order=False)
     key, value = self.resolved()
     rows = rows_M.shape[0]
     own_MT = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None], (rows, self.length))
-    return KVCache(key=key[rows_M], value=value[rows_M], slots=own_MT, rows_in_order=False)
+    layers = lambda stacked_NLTHK: tuple(stacked_NLTHK[rows_M, layer]
+                                         for layer in range(stacked_NLTHK.shape[1]))
+    return KVCache(key=layers(key), value=layers(value), slots=own_MT, rows_in_order=False,
+                   beams=rows // old if rows % old == 0 else 1)
 
   def resolved(self) -> tuple[Array, Array]:
-    """Keys and values ``[N, L, T, H, K]`` in each row's own history order."""
+    """Keys and values ``[N, L, T, H, K]`` (the layers stacked) in each row's own history order."""
+    stacked = lambda buffers: jnp.stack(buffers, axis=1)
     if self.rows_in_order:
-      return self.key, self.value
+      return stacked(self.key), stacked(self.value)
 
     def by_pointer(key, value, slots):
       positions_1T = jnp.arange(self.length)[None, :]
-      take = lambda buf: jnp.moveaxis(buf[slots, :, positions_1T], 2, 1)  # [N, T, L, ...]
+      take = lambda buffers: stacked([buffer[slots, positions_1T] for buffer in buffers])
       return take(key), take(value)
 
-    return on_cpu(by_pointer, lambda key, value, slots: (key, value), self.key, self.value,
-                  self.slots)
+    if self.beams > 1:  # the buffers never moved: follow the slots everywhere
+      return by_pointer(self.key, self.value, self.slots)
+    return on_cpu(by_pointer, lambda key, value, slots: (stacked(key), stacked(value)), self.key,
+                  self.value, self.slots)
 
   def attend(self, q_NHK: Array, index: Array, layer: int, *, block_size: int = 8,
              bias_HT: Array | None = None) -> Array:
@@ -469,43 +495,68 @@ class KVCache:
     num_blocks = jnp.minimum(index // block + 1, -(-length // block))
     dtype = q_NHK.dtype
     rows, heads, width = q_NHK.shape
+    beams = self.beams
 
     def body(b, carry):
-      max_NH, sum_NH, acc_NHK = carry
       # The last block is clamped to end at the cache's end; positions an earlier
       # block already read are masked out, so none is counted twice.
       start = jnp.minimum(b * block, length - block)
       positions_S = start + jnp.arange(block)
+      valid_S = jnp.logical_and(positions_S >= b * block, positions_S <= index)
+
+      def update(scores_NHS, mix):
+        """The streaming softmax's step, given the block's scores and how to weigh its values."""
+        max_NH, sum_NH, acc_NHK = carry
+        if bias_HT is not None:
+          bias_HS = jax.lax.dynamic_slice_in_dim(bias_HT, start, block, axis=1)
+          scores_NHS = scores_NHS + bias_HS[None].astype(jnp.float32)
+        scores_NHS = jnp.where(valid_S, scores_NHS, NEG_INF)
+        new_max_NH = jnp.maximum(max_NH, scores_NHS.max(axis=-1))
+        weights_NHS = jnp.exp(scores_NHS - new_max_NH[..., None])
+        rescale_NH = jnp.exp(max_NH - new_max_NH)
+        sum_NH = sum_NH * rescale_NH + weights_NHS.sum(axis=-1)
+        acc_NHK = acc_NHK * rescale_NH[..., None] + mix(weights_NHS.astype(dtype))
+        return new_max_NH, sum_NH, acc_NHK
+
+      def block_of(buffers):  # [N, S, H, K]: this layer's block, rows as they lie
+        return jax.lax.dynamic_slice_in_dim(buffers[layer], start, block, axis=1).astype(dtype)
+
+      def by_rows(k_NSHK, v_NSHK):
+        scores_NHS = jnp.einsum("NHK,NSHK->NHS", q_NHK, k_NSHK, preferred_element_type=jnp.float32)
+        return update(scores_NHS, lambda w_NHS: jnp.einsum(
+            "NHS,NSHK->NHK", w_NHS, v_NSHK, preferred_element_type=jnp.float32))
 
       def as_they_lie(key, value, slots):
-        at = (0, layer, start, 0, 0)
-        size = (rows, 1, block, heads, width)
-        return (jax.lax.dynamic_slice(key, at, size)[:, 0],
-                jax.lax.dynamic_slice(value, at, size)[:, 0])
+        return by_rows(block_of(key), block_of(value))
 
       def by_pointer(key, value, slots):
         slots_NS = jax.lax.dynamic_slice_in_dim(slots, start, block, axis=1)
-        return key[slots_NS, layer, positions_S[None, :]], value[slots_NS, layer,
-                                                                 positions_S[None, :]]
+        take = lambda buffers: buffers[layer][slots_NS, positions_S[None, :]].astype(dtype)
+        return by_rows(take(key), take(value))
+
+      def by_group(key, value, slots):
+        # Hypothesis w of sentence g reads, at position s, row g * beams + v of the
+        # group, v = its slot's place in the group: all beams rows scored, one kept.
+        groups = rows // beams
+        k_GVSHK = block_of(key).reshape(groups, beams, block, heads, width)
+        v_GVSHK = block_of(value).reshape(groups, beams, block, heads, width)
+        slots_NS = jax.lax.dynamic_slice_in_dim(slots, start, block, axis=1)
+        first_N1 = (jnp.arange(rows, dtype=slots.dtype) // beams * beams)[:, None]
+        pick_GWSV = jax.nn.one_hot(slots_NS - first_N1, beams, dtype=dtype).reshape(
+            groups, beams, block, beams)
+        q_GWHK = q_NHK.reshape(groups, beams, heads, width)
+        every_GWHVS = jnp.einsum("GWHK,GVSHK->GWHVS", q_GWHK, k_GVSHK,
+                                 preferred_element_type=jnp.float32)
+        scores_NHS = jnp.einsum("GWHVS,GWSV->GWHS", every_GWHVS, pick_GWSV.astype(jnp.float32))
+        mix = lambda w_NHS: jnp.einsum(
+            "GWHS,GWSV,GVSHK->GWHK", w_NHS.reshape(groups, beams, heads, block), pick_GWSV,
+            v_GVSHK, preferred_element_type=jnp.float32).reshape(rows, heads, width)
+        return update(scores_NHS.reshape(rows, heads, block), mix)
 
       if self.rows_in_order:
-        k_NSHK, v_NSHK = as_they_lie(self.key, self.value, self.slots)
-      else:
-        k_NSHK, v_NSHK = on_cpu(by_pointer, as_they_lie, self.key, self.value, self.slots)
-      k_NSHK, v_NSHK = k_NSHK.astype(dtype), v_NSHK.astype(dtype)
-      scores_NHS = jnp.einsum("NHK,NSHK->NHS", q_NHK, k_NSHK, preferred_element_type=jnp.float32)
-      if bias_HT is not None:
-        bias_HS = jax.lax.dynamic_slice_in_dim(bias_HT, start, block, axis=1)
-        scores_NHS = scores_NHS + bias_HS[None].astype(jnp.float32)
-      valid_S = jnp.logical_and(positions_S >= b * block, positions_S <= index)
-      scores_NHS = jnp.where(valid_S, scores_NHS, NEG_INF)
-      new_max_NH = jnp.maximum(max_NH, scores_NHS.max(axis=-1))
-      weights_NHS = jnp.exp(scores_NHS - new_max_NH[..., None])
-      rescale_NH = jnp.exp(max_NH - new_max_NH)
-      sum_NH = sum_NH * rescale_NH + weights_NHS.sum(axis=-1)
-      acc_NHK = acc_NHK * rescale_NH[..., None] + jnp.einsum(
-          "NHS,NSHK->NHK", weights_NHS.astype(dtype), v_NSHK, preferred_element_type=jnp.float32)
-      return new_max_NH, sum_NH, acc_NHK
+        return as_they_lie(self.key, self.value, self.slots)
+      return on_cpu(by_pointer, by_group if beams > 1 else as_they_lie, self.key, self.value,
+                    self.slots)
 
     init = (jnp.full((rows, heads), NEG_INF, jnp.float32), jnp.zeros((rows, heads), jnp.float32),
             jnp.zeros((rows, heads, width), jnp.float32))

@@ -55,13 +55,12 @@ HEADS = "activation_heads"  # attention heads H
 KV = "activation_kv"  # per-head width K
 MLP = "activation_mlp"  # feed-forward width F
 VOCAB = "activation_vocab"  # vocabulary V
-LAYERS = "activation_layers"  # the layer axis of a stacked cache
 
 # Logical name -> mesh axis (None: not split). Megatron's layout: the residual
 # stream is split only by rows, heads and the feed-forward width by "model".
 ACTIVATION_RULES: tuple[tuple[str, str | None], ...] = (
     (BATCH, DATA_AXIS), (HEADS, MODEL_AXIS), (MLP, MODEL_AXIS), (LENGTH, None), (EMBED, None),
-    (KV, None), (VOCAB, None), (LAYERS, None))
+    (KV, None), (VOCAB, None))
 
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, dict[str, str | None]] | None] = (
     contextvars.ContextVar("seq2seq_jax_activation_sharding", default=None))

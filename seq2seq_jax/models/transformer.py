@@ -164,7 +164,7 @@ class Transformer(nn.Module):
   decoder layer, computed once per source rather than once per decoding step. The cache (from
   ``init_cache``) holds ``index`` (int32 scalar, the next position) and
   ``self_attention``, a ``KVCache`` of the decoder's self-attention keys and values
-  [B, L, T, H, K] that beam search reorders by its slot table, not by copying.
+  (one [B, T, H, K] buffer a layer) that beam search reorders by its slot table, not by copying.
 
   Packed rows (training and evaluation only; ``DataConfig.packing``): each row holds
   several pairs, numbered by segment ids (1, 2, ...; 0 on padding) with positions

@@ -131,6 +131,33 @@ def test_trip_counts_are_read_off_the_compiled_loops():
     assert "no time and no MFU" in aot.format_table([report])
 
 
+def test_the_compiler_s_cycle_estimate_counts_every_trip_and_is_timed_by_a_matmul():
+  target = aot.parse_target("v5e-1")
+  replicated = NamedSharding(aot.target_mesh(target), P())
+  w = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16, sharding=replicated)
+  x = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=replicated)
+
+  def cycles(trips):
+    def run(w_DD, x_BD):
+      return jax.lax.fori_loop(0, trips, lambda i, x: jnp.tanh(x @ w_DD), x_BD)
+    return hlo_lib.loop_costs(jax.jit(run).lower(w, x).compile().as_text()).cycles
+
+  # Every trip adds the same body: the totals grow by a constant step, not once.
+  ten, twenty, thirty = cycles(10), cycles(20), cycles(30)
+  assert 0 < ten < twenty < thirty and thirty - twenty == twenty - ten
+  # The timing matmul is the roofline by construction; a small program is slower than
+  # its roofline (its cycles carry the work FLOPs do not count), never faster.
+  n = report_lib._TIMING_MATMUL  # pylint: disable=protected-access
+  big = jax.ShapeDtypeStruct((n, n), jnp.bfloat16, sharding=replicated)
+  matmul = aot.compile_program(aot.Program("matmul", jax.jit(jnp.matmul), (big, big), n, n, 0,
+                                           {}), target)
+  assert matmul.cycles_step_seconds == pytest.approx(2 * n ** 3 / target.chip.peak_flops, rel=1e-3)
+  report = aot.compile_report(TINY, target, "train")
+  assert report.cycles_mfu is not None and 0 < report.cycles_mfu < 1
+  assert report.cycles_step_seconds > report.estimated_step_seconds
+  assert "cyc. ms" in aot.format_table([report])
+
+
 def test_t5_and_encoder_and_decoder_apart_compile_for_a_tpu():
   """The T5 model and a Transformer whose decoder differs from its encoder (depth, heads,
   FFN width: the asymmetric OPUS-MT layouts) go through the same programs."""
@@ -283,11 +310,12 @@ def test_an_unknown_target_names_the_known_ones(name):
 @pytest.mark.parametrize("name, topology, chips", [
     ("v5e-8", "v5e:2x4", 8), ("v5e-1", "v5e:1x1", 1), ("v6e-1", "v6e:1x1", 1),
     ("v4-8", "v4:2x2x1", 4), ("v5p-8", "v5p:2x2x1", 4), ("v4:2x2x1", "v4:2x2x1", 4),
-    ("V6E:2X2", "v6e:2x2", 4)])
+    ("V6E:2X2", "v6e:2x2", 4), ("v3-8", "v3:2x2", 4), ("v3-32", "v3:4x4", 16)])
 def test_targets_read_topologies_and_cloud_tpu_types(name, topology, chips):
   target = aot.parse_target(name)
   assert (target.topology, target.chips) == (topology, chips)
-  assert len(aot.target_devices(target)) == chips
+  # v3's two TensorCores are two devices (no megacore): v3-8 is 4 chips, 8 devices.
+  assert len(aot.target_devices(target)) == target.devices == chips * (2 if name[:2] == "v3" else 1)
   assert aot.target_devices(target)[0].device_kind == target.chip.device_kind
 
 
@@ -310,7 +338,7 @@ def test_the_command_line_writes_the_json_keys(tmp_path, capsys):
 
 def test_the_command_line_refuses_an_unknown_target(capsys):
   assert cli_main(["compile", "--target", "v9:2x2", "--preset", "tiny_transformer"]) == 2
-  assert "known chips: v4, v5e, v5p, v6e" in capsys.readouterr().err
+  assert "known chips: v3, v4, v5e, v5p, v6e" in capsys.readouterr().err
 
 
 def test_the_command_line_compiles_a_published_model_from_its_config_alone(tmp_path, capsys):

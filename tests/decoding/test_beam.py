@@ -1,5 +1,6 @@
 """Beam search: helpers one by one, hand-set cases, and exhaustive search on a tiny space."""
 
+import dataclasses
 import math
 
 import jax
@@ -65,7 +66,7 @@ def test_nodes_with_gather_rows_reorder_themselves():
     cache = cache.write(rows + 1, rows + 5, jnp.int32(t), 0)
   tree = {"kv": cache, "index": jnp.int32(2), "h": jnp.arange(2)}
   tiled = expand_to_beams(tree, 3)
-  assert isinstance(tiled["kv"], KVCache) and tiled["kv"].key.shape == (6, 1, 3, 1, 2)
+  assert isinstance(tiled["kv"], KVCache) and tiled["kv"].key[0].shape == (6, 3, 1, 2)
   np.testing.assert_array_equal(tiled["h"], [0, 0, 0, 1, 1, 1])
   np.testing.assert_array_equal(tiled["kv"].resolved()[0][:, 0, :2, 0, 0],
                                 np.repeat(cache.resolved()[0][:, 0, :2, 0, 0], 3, axis=0))
@@ -219,3 +220,28 @@ def test_rows_decode_independently():
                                max_decode_len=5, alpha=0.6)
     np.testing.assert_array_equal(alone_1WT[0], tokens_BWT[row])
     np.testing.assert_allclose(alone_1W[0], scores_BW[row], rtol=1e-6)
+
+
+def test_a_transformer_s_beam_search_is_the_same_in_every_platform_s_branches(monkeypatch):
+  # A TPU program holds the other branch of every `on_cpu` choice: the KVCache read as
+  # each sentence's block of beams, the top-k of each row first. Run here, both
+  # branches must give the same n-best lists.
+  from seq2seq_jax import Transformer, TransformerConfig, platforms  # noqa: PLC0415
+  from seq2seq_jax.configs import DecodeConfig  # noqa: PLC0415
+  from seq2seq_jax.decoding.generation import generate  # noqa: PLC0415
+  from seq2seq_jax.layers import attention  # noqa: PLC0415
+
+  model = Transformer(TransformerConfig(vocab_size=2500, model_dim=32, num_heads=2, mlp_dim=64,
+                                        num_encoder_layers=1, num_decoder_layers=2))
+  inputs = jnp.asarray(np.random.default_rng(0).integers(3, 2500, (3, 7)), jnp.int32)
+  inputs = inputs.at[:, -1].set(EOS_ID)
+  params = model.init(jax.random.key(0), inputs, inputs)["params"]
+  config = DecodeConfig(method="beam", beam_size=4, max_decode_len=12)
+  cpu_tokens, cpu_scores = generate(model, params, inputs, config, n_best=True)
+  other = lambda cpu, other, *args: other(*args)
+  monkeypatch.setattr(platforms, "on_cpu", other)
+  monkeypatch.setattr(attention, "on_cpu", other)
+  # Another seed (sampling's only): not the compiled search of the call above, traced anew.
+  tokens, scores = generate(model, params, inputs, dataclasses.replace(config, seed=1), n_best=True)
+  np.testing.assert_array_equal(tokens, cpu_tokens)
+  np.testing.assert_allclose(scores, cpu_scores, rtol=1e-5, atol=1e-5)

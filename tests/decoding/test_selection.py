@@ -81,3 +81,23 @@ def test_top_k_over_beams_of_a_vocabulary():
 def test_top_k_rejects_a_k_outside_the_row(k):
   with pytest.raises(ValueError, match="0 < k <= 37"):
     selection.top_k(jnp.zeros((2, 37)), k)
+
+
+@pytest.mark.parametrize("length", [37, 58101, 5003])
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("branch", ["cpu", "other"])
+def test_top_k_of_rows_equals_lax_top_k_over_the_flat_rows(length, ties, branch, monkeypatch):
+  # Beam search's choice among W x V: off the CPU each row's best first, then the best
+  # of those; both branches run here (`on_cpu` forced to the one another platform gets).
+  if branch == "other":
+    monkeypatch.setattr(selection.platforms, "on_cpu", lambda cpu, other, *args: other(*args))
+  rng = np.random.default_rng(length + 1)
+  x_BWV = np.stack([_rows(rng, length, ties=ties)[:4] for _ in range(3)])  # B 3, W 4
+  x_BWV[0, :, :] = 1.0  # every candidate tied: the lowest flat indices win
+  x_BWV = jnp.asarray(x_BWV)
+  for k in (1, 8, 37):
+    values, indices = jax.jit(selection.top_k_of_rows, static_argnums=1)(x_BWV, k)
+    expected_values, expected_indices = jax.lax.top_k(x_BWV.reshape(3, 4 * length), k)
+    np.testing.assert_array_equal(indices, expected_indices, err_msg=f"k={k}")
+    np.testing.assert_array_equal(values, expected_values)
+    assert indices.dtype == jnp.int32

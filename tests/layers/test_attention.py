@@ -171,8 +171,8 @@ def test_multi_head_step_matches_full_causal_attention(block_size):
   for t in range(S):
     out_B1D, cache = step(x_BTD[:, t:t + 1], cache, jnp.int32(t))
     np.testing.assert_allclose(out_B1D[:, 0], full_BTD[:, t], rtol=1e-5, atol=1e-5)
-  # Other layers' slices are untouched.
-  assert not np.any(cache.key[:, 0]) and not np.any(cache.key[:, 2]) and np.all(cache.key[:, 1])
+  # Other layers' buffers are untouched.
+  assert not np.any(cache.key[0]) and not np.any(cache.key[2]) and np.all(cache.key[1])
 
 
 def _written_cache(rng, rows, length, filled):
@@ -202,11 +202,12 @@ def test_kv_cache_reads_blocks_up_to_the_position_only(block_size):
   q_NHK = jnp.asarray(rng.standard_normal((3, H, K)), jnp.float32)
   for index in range(5):
     got = cache.attend(q_NHK, jnp.int32(index), 1, block_size=block_size)
-    np.testing.assert_allclose(got, _reference_step(q_NHK, cache.key, cache.value, 1, index),
+    np.testing.assert_allclose(got, _reference_step(q_NHK, *cache.resolved(), 1, index),
                                rtol=1e-5, atol=1e-5, err_msg=f"index {index}")
   # Garbage past the position must not leak in: positions >= 5 were never written,
   # so fill them with huge values and read again at index 4.
-  poisoned = cache.replace(key=cache.key.at[:, :, 5:].set(1e4), value=cache.value.at[:, :, 5:].set(1e4))
+  poisoned = cache.replace(key=tuple(b.at[:, 5:].set(1e4) for b in cache.key),
+                           value=tuple(b.at[:, 5:].set(1e4) for b in cache.value))
   np.testing.assert_allclose(poisoned.attend(q_NHK, jnp.int32(4), 1, block_size=block_size),
                              cache.attend(q_NHK, jnp.int32(4), 1, block_size=block_size),
                              rtol=1e-6)
@@ -233,6 +234,38 @@ def test_kv_cache_gather_rows_moves_histories_without_copying_buffers():
                                rtol=1e-5, atol=1e-5)
   # A different row count (tiling for beams) copies the histories out.
   tiled = cache.gather_rows(jnp.repeat(jnp.arange(rows), 2))
-  assert tiled.key.shape[0] == 2 * rows
+  assert tiled.key[0].shape[0] == 2 * rows
   np.testing.assert_array_equal(np.asarray(tiled.resolved()[0])[:, :, :5],
                                 np.repeat(copied_k, 2, axis=0)[:, :, :5])
+
+
+@pytest.mark.parametrize("branch", ["cpu", "other"])
+def test_kv_cache_of_beams_follows_slots_on_every_platform(branch, monkeypatch):
+  # The CPU gathers each row's entries; other platforms (TPU) score every row of the
+  # sentence's group and keep the one the slot names. Both run here: `on_cpu` is
+  # forced to the branch a program lowered for that platform would hold.
+  if branch == "other":
+    monkeypatch.setattr(attention, "on_cpu", lambda cpu, other, *args: other(*args))
+  rng = np.random.default_rng(2)
+  sentences, beams, length = 2, 3, 7
+  cache = _written_cache(rng, rows=sentences, length=length, filled=2)
+  copied_k, copied_v = (np.asarray(a) for a in cache.resolved())
+  cache = cache.gather_rows(jnp.repeat(jnp.arange(sentences), beams))  # expand_to_beams
+  assert cache.beams == beams and not cache.rows_in_order
+  copied_k, copied_v = np.repeat(copied_k, beams, 0), np.repeat(copied_v, beams, 0)
+  rows = sentences * beams
+  for t, parents in ((2, [[1, 1, 0], [2, 0, 0]]), (3, [[2, 0, 0], [1, 1, 2]]),
+                     (4, [[0, 2, 1], [2, 2, 2]]), (5, [[1, 0, 1], [0, 1, 2]])):
+    flat = (np.arange(sentences)[:, None] * beams + np.array(parents)).reshape(rows)
+    cache = cache.gather_rows(jnp.asarray(flat))
+    copied_k, copied_v = copied_k[flat], copied_v[flat]
+    k, v = (jnp.asarray(rng.standard_normal((rows, H, K)), jnp.float32) for _ in range(2))
+    cache = cache.write(k, v, jnp.int32(t), 1)
+    copied_k[:, 1, t], copied_v[:, 1, t] = k, v
+    q_NHK = jnp.asarray(rng.standard_normal((rows, H, K)), jnp.float32)
+    for block_size in (2, 8):
+      np.testing.assert_allclose(cache.attend(q_NHK, jnp.int32(t), 1, block_size=block_size),
+                                 _reference_step(q_NHK, copied_k, copied_v, 1, t),
+                                 rtol=1e-5, atol=1e-5, err_msg=f"step {t}, blocks {block_size}")
+  got_k, _ = cache.resolved()
+  np.testing.assert_array_equal(np.asarray(got_k)[:, :, :6], copied_k[:, :, :6])
