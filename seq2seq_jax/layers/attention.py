@@ -390,8 +390,8 @@ class KVCache:
     (2, 1, 3)
   """
 
-  key: Array
-  value: Array
+  key: tuple[Array, ...]
+  value: tuple[Array, ...]
   slots: Array
   rows_in_order: bool = flax.struct.field(pytree_node=False, default=True)
   beams: int = flax.struct.field(pytree_node=False, default=1)
@@ -427,7 +427,7 @@ class KVCache:
 
     own_N1 = jnp.arange(rows, dtype=self.slots.dtype)[:, None]
     slots = jax.lax.dynamic_update_slice(self.slots, own_N1, (zero, index))
-    return self.replace(key=put(self.key, k_NHK), value=put(self.value, v_NHK), slots=slots)
+    return dataclasses.replace(self, key=put(self.key, k_NHK), value=put(self.value, v_NHK), slots=slots)
 
   def gather_rows(self, rows_M: Array) -> KVCache:
     """The cache whose row ``m`` continues row ``rows_M[m]``'s history.
@@ -442,7 +442,7 @@ class KVCache:
     old = self.slots.shape[0]
     if rows_M.shape[0] == old:
       if self.beams > 1:
-        return self.replace(slots=self.slots[rows_M], rows_in_order=False)
+        return dataclasses.replace(self, slots=self.slots[rows_M], rows_in_order=False)
 
       def by_pointer(key, value, slots):
         return key, value, slots[rows_M]
@@ -452,30 +452,33 @@ class KVCache:
         return take(key), take(value), slots
 
       key, value, slots = on_cpu(by_pointer, by_copy, self.key, self.value, self.slots)
-      return self.replace(key=key, value=value, slots=slots, rows_in_order=False)
-    key, value = self.resolved()
+      return dataclasses.replace(self, key=key, value=value, slots=slots, rows_in_order=False)
+    key, value = self._histories()
     rows = rows_M.shape[0]
     own_MT = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32)[:, None], (rows, self.length))
-    layers = lambda stacked_NLTHK: tuple(stacked_NLTHK[rows_M, layer]
-                                         for layer in range(stacked_NLTHK.shape[1]))
-    return KVCache(key=layers(key), value=layers(value), slots=own_MT, rows_in_order=False,
+    take = lambda buffers: tuple(buffer[rows_M] for buffer in buffers)
+    return KVCache(key=take(key), value=take(value), slots=own_MT, rows_in_order=False,
                    beams=rows // old if rows % old == 0 else 1)
 
-  def resolved(self) -> tuple[Array, Array]:
-    """Keys and values ``[N, L, T, H, K]`` (the layers stacked) in each row's own history order."""
-    stacked = lambda buffers: jnp.stack(buffers, axis=1)
+  def _histories(self) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
+    """Each layer's keys and values ``[N, T, H, K]`` in each row's own history order."""
     if self.rows_in_order:
-      return stacked(self.key), stacked(self.value)
+      return self.key, self.value
 
     def by_pointer(key, value, slots):
       positions_1T = jnp.arange(self.length)[None, :]
-      take = lambda buffers: stacked([buffer[slots, positions_1T] for buffer in buffers])
+      take = lambda buffers: tuple(buffer[slots, positions_1T] for buffer in buffers)
       return take(key), take(value)
 
     if self.beams > 1:  # the buffers never moved: follow the slots everywhere
       return by_pointer(self.key, self.value, self.slots)
-    return on_cpu(by_pointer, lambda key, value, slots: (stacked(key), stacked(value)), self.key,
-                  self.value, self.slots)
+    return on_cpu(by_pointer, lambda key, value, slots: (key, value), self.key, self.value,
+                  self.slots)
+
+  def resolved(self) -> tuple[Array, Array]:
+    """Keys and values ``[N, L, T, H, K]`` (the layers stacked) in each row's own history order."""
+    key, value = self._histories()
+    return jnp.stack(key, axis=1), jnp.stack(value, axis=1)
 
   def attend(self, q_NHK: Array, index: Array, layer: int, *, block_size: int = 8,
              bias_HT: Array | None = None) -> Array:
