@@ -241,7 +241,8 @@ def cycles_per_second(target: Target) -> float:
   """
   if target.chip.platform != "tpu":
     return 0.0
-  return _cycles_per_second(target.chip.name, f"{target.chip.name}:{'x'.join(['1'] * target.chip.dims)}")
+  one_chip = f"{target.chip.name}:{'x'.join(['1'] * target.chip.dims)}"
+  return _cycles_per_second(target.chip.name, one_chip)
 
 
 def compile_program(program: programs_lib.Program, target: Target, *,

@@ -421,13 +421,15 @@ class KVCache:
     zero = jnp.zeros((), index.dtype)
 
     def put(buffers, new_NHK):
-      at = jax.lax.dynamic_update_slice(buffers[layer], new_NHK[:, None].astype(buffers[layer].dtype),
+      buffer = buffers[layer]
+      at = jax.lax.dynamic_update_slice(buffer, new_NHK[:, None].astype(buffer.dtype),
                                         (zero, index, zero, zero))
       return buffers[:layer] + (at,) + buffers[layer + 1:]
 
     own_N1 = jnp.arange(rows, dtype=self.slots.dtype)[:, None]
     slots = jax.lax.dynamic_update_slice(self.slots, own_N1, (zero, index))
-    return dataclasses.replace(self, key=put(self.key, k_NHK), value=put(self.value, v_NHK), slots=slots)
+    return dataclasses.replace(self, key=put(self.key, k_NHK), value=put(self.value, v_NHK),
+                               slots=slots)
 
   def gather_rows(self, rows_M: Array) -> KVCache:
     """The cache whose row ``m`` continues row ``rows_M[m]``'s history.

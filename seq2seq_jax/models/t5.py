@@ -147,8 +147,8 @@ class T5(nn.Module):
   Memory (from ``encode``) is the Transformer's: ``encoded`` [B, S, D],
   ``source_valid`` [B, S] bool, and ``cross_key`` / ``cross_value``, one [B, H, K, S]
   array per decoder layer. The cache (from ``init_cache``) holds ``index`` and
-  ``self_attention``, a ``KVCache`` (one [B, T, H, K] buffer a layer); a decoding step adds its row of
-  the decoder's position bias to the scores against every cached position.
+  ``self_attention``, a ``KVCache`` (one [B, T, H, K] buffer a layer); a decoding step
+  adds its row of the decoder's position bias to the scores against every cached position.
 
   Packed rows (training and evaluation only) as the Transformer's: attention within
   a segment, target segment k reading source segment k, each target segment
