@@ -5,8 +5,9 @@ Flax WMT example (google/flax, ``examples/wmt/README.md``: the v3-8 row since co
 5c0b56e4, the v3-32 row since d68c833e; ``configs/default.py``): a Transformer big
 (d 1024, 16 heads, FFN 4096, 6 + 6 layers, pre-LayerNorm, 32k shared sentencepiece
 vocabulary, output through the embedding, dropout and attention dropout 0.1, bfloat16
-compute, Adam) trained on WMT'17 en-de in packed rows of 256 tokens a side, 32 rows a TensorCore. Its README gives TPU v3-8:
-100,000 steps in 13 h 18 min; TPU v3-32: 25,000 steps (the README's own flags,
+compute, Adam) trained on WMT'17 en-de in packed rows of 256 tokens a side, 32 rows a
+TensorCore. Its README gives TPU v3-8: 100,000 steps in 13 h 18 min; TPU v3-32: 25,000
+steps (the README's own flags,
 100k x 8 / 32) in 3 h 1 min. Wall time over steps is an upper bound on a step: it also
 holds evaluation every 1,000 steps (20 batches and a beam-4 BLEU pass of newstest2014),
 checkpoints and compiles.
