@@ -7,10 +7,9 @@ Flax WMT example (google/flax, ``examples/wmt/README.md``: the v3-8 row since co
 vocabulary, output through the embedding, dropout and attention dropout 0.1, bfloat16
 compute, Adam) trained on WMT'17 en-de in packed rows of 256 tokens a side, 32 rows a
 TensorCore. Its README gives TPU v3-8: 100,000 steps in 13 h 18 min; TPU v3-32: 25,000
-steps (the README's own flags,
-100k x 8 / 32) in 3 h 1 min. Wall time over steps is an upper bound on a step: it also
-holds evaluation every 1,000 steps (20 batches and a beam-4 BLEU pass of newstest2014),
-checkpoints and compiles.
+steps (the README's own flags, 100k x 8 / 32) in 3 h 1 min. Wall time over steps is an
+upper bound on a step: it also holds evaluation every 1,000 steps (20 batches and a
+beam-4 BLEU pass of newstest2014), checkpoints and compiles.
 
 The matching config (``wmt14_transformer_big`` with pre-norm and Flax's dropout rates,
 replicated parameters as under ``pmap``) is compiled for the same slice and batch, and
