@@ -13,14 +13,15 @@ results equal ``jnp.argmax`` / ``lax.top_k`` exactly, ties (lowest index first) 
 The two stages are for the CPU: on a TPU they cost more than the one-stage primitives
 (the compiler's bytes accessed, greedy and beam steps: +5 to 7 %), so other platforms
 lower ``jnp.argmax`` and ``lax.top_k`` (``seq2seq_jax.platforms.on_cpu``); except
-beam search's choice over W x V continuations (``top_k_of_rows``), which takes each
-row's best through the block maxima everywhere but on the CPU, where a sort would
-cost more.
+beam search's choice over W x V continuations (``top_k_of_rows``), which off the CPU
+takes each row's best first through window maxima: one ``lax.top_k`` over W x V
+compiles there to a sort of every candidate.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -160,7 +161,7 @@ def top_k_of_rows(x_BWV: Array, k: int) -> tuple[Array, Array]:
 
   def by_rows(x_BWV):
     kept = min(k, length)
-    block = 128
+    block = _WINDOW
     x_NV = x_BWV.reshape(batch * rows, length)
     if length < platforms.TWO_STAGE_MIN_LENGTH or kept * block >= length // 2:
       values_NK, ids_NK = _one_stage_top_k(x_NV, kept)
@@ -179,6 +180,11 @@ def _one_stage_top_k(x_NM: Array, k: int) -> tuple[Array, Array]:
   return values, indices.astype(jnp.int32)
 
 
+# Off the CPU, ``top_k_of_rows`` takes maxima over windows of 128 positions: a row of
+# a TPU vector register's lanes.
+_WINDOW = 128
+
+
 def _window_maxima(x_NM: Array, block: int) -> Array:
   """``_block_maxima`` as one windowed reduction: no reshape of the row into blocks,
   which the TPU compiler relays out (padding a block to its tiles) unless ``block``
@@ -186,10 +192,13 @@ def _window_maxima(x_NM: Array, block: int) -> Array:
   pad = -x_NM.shape[-1] % block
   window = (1,) * (x_NM.ndim - 1) + (block,)
   padding = ((0, 0),) * (x_NM.ndim - 1) + ((0, pad),)
-  return jax.lax.reduce_window(x_NM, -jnp.inf, jax.lax.max, window, window, padding)
+  return jax.lax.reduce_window(x_NM, jnp.array(-jnp.inf, x_NM.dtype), jax.lax.max, window, window,
+                               padding)
 
 
-def _two_stage_top_k(x_NM: Array, k: int, block: int, maxima=_block_maxima) -> tuple[Array, Array]:
+def _two_stage_top_k(x_NM: Array, k: int, block: int,
+                     maxima: Callable[[Array, int], Array] = _block_maxima
+                     ) -> tuple[Array, Array]:
   length = x_NM.shape[-1]
   _, blocks_NK = jax.lax.top_k(maxima(x_NM, block), k)
   # In index order, so that equal values keep lax.top_k's lowest-index-first order.
