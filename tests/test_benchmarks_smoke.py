@@ -201,9 +201,9 @@ def test_input_pipeline_quick(tmp_path):
 @pytest.mark.slow
 def test_tpu_anchors_quick(tmp_path):
   payload = _run("tpu_anchors", tmp_path)
-  assert [r["target"] for r in payload["rows"]] == ["v3-8", "v3-32"]
+  assert [r["target"] for r in payload["rows"]] == ["v3-8", "v3-32", "v3-8"]
   for row in payload["rows"]:
     assert row["devices"] == 2 * row["chips"] and row["fits"]
     assert 0 < row["estimated_step_s"] < row["cycles_step_s"]
-    assert row["measured_over_cycles_at_most"] > 0
+    assert row["measured_over_cycles"] > 0
   assert payload["evaluation_apart"]["step_s"] > 0

@@ -3,7 +3,7 @@ programs for an abstract TPU slice, from shapes alone, and prints per chip the b
 arguments, temporaries and outputs, whether they fit the chip's HBM, the compiler's FLOPs and
 bytes accessed, and estimated step times and MFUs: a roofline against the chip's published peak
 and bandwidth, and the compiler's own cycle estimate (real steps of published runs took
-0.8-0.9x it). Compiler-derived estimates, not measurements. Exit status 1 when a program does
+0.8-1.4x it). Compiler-derived estimates, not measurements. Exit status 1 when a program does
 not fit.
 """
 
