@@ -48,8 +48,6 @@ class Chip:
       chip as one device).
     cores_per_chip: TensorCores per chip; Cloud TPU names v3, v4 and v5p slices by cores
       (``v4-8`` is 4 chips) and v5e and v6e slices by chips.
-    devices_per_chip: JAX devices per chip: 2 on v3, whose two TensorCores are separate
-      devices with half the chip's HBM and FLOPs each (v4 and v5p join theirs, megacore).
     axes: the interconnect's dimensions (3 for v4 and v5p's 3D torus, 2 otherwise).
     host_bounds: chips of one host along each axis (``chips_per_host_bounds``).
   """
@@ -63,7 +61,6 @@ class Chip:
   topology_name: str
   chip_config: str = "default"
   cores_per_chip: int = 1
-  devices_per_chip: int = 1
   axes: int = 2
   host_bounds: tuple[int, int, int] = (2, 2, 1)
   platform: str = "tpu"
@@ -72,6 +69,12 @@ class Chip:
   def dims(self) -> int:
     """2 for the 2D-torus chips (v3, v5e, v6e), 3 for the 3D ones (v4, v5p), 1 for GPUs."""
     return self.axes if self.platform == "tpu" else 1
+
+  @property
+  def devices_per_chip(self) -> int:
+    """JAX devices a chip: its TensorCores, unless megacore joins them into one (v4, v5p);
+    on v3 each of the two is a device with half the chip's HBM and FLOPs."""
+    return 1 if self.chip_config == "megacore" else self.cores_per_chip
 
   # What one JAX device has, which is what a compiled program's figures are per.
   @property
@@ -91,7 +94,7 @@ GiB = 2 ** 30
 CHIPS: dict[str, Chip] = {
     "v3": Chip("v3", "TPU v3", 32 * GiB, 123e12, 900e9,
                "https://cloud.google.com/tpu/docs/v3 (123 TFLOPs bf16, 32 GiB HBM2, 900 GBps)",
-               topology_name="v3", cores_per_chip=2, devices_per_chip=2),
+               topology_name="v3", cores_per_chip=2),
     "v4": Chip("v4", "TPU v4", 32 * GiB, 275e12, 1200e9,
                "https://cloud.google.com/tpu/docs/v4 (275 TFLOPs bf16, 32 GiB HBM2, 1200 GBps)",
                topology_name="v4", chip_config="megacore", cores_per_chip=2, axes=3),
