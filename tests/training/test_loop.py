@@ -1,5 +1,6 @@
 """The host loop on real multi30k_tiny batches: learning, run files, resume, faults."""
 
+import dataclasses
 import json
 import math
 import os
@@ -210,3 +211,51 @@ def test_sigint_and_sigkill_of_real_processes(reference_run, tmp_path):
   assert "Resumed from checkpoint step 8" in resumed.stdout
   _assert_same_run(workdir, reference)
   assert [line["step"] for line in _lines(workdir)] == [4, 6, 8, 12]
+
+
+def _per_step_losses(workdir):
+  return {line["step"]: line["loss"] for line in _lines(workdir)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_kill_9_mid_epoch_and_resume_with_two_workers(tiny_data, tiny_tokenizer, tmp_path, packing):
+  # A preempted run comes back on a host with another worker count: the resume check lets
+  # data.num_workers change, and every later batch (so every loss) is the uninterrupted run's.
+  data = dataclasses.replace(tiny_data, packing=packing, num_workers=0)
+  config = tiny_experiment(data, num_steps=24, log_every=1, checkpoint_every=4)
+  _, stats = pipeline.make_train_dataset(data, tiny_tokenizer)
+  assert 12 % stats.batches_per_epoch and 12 < stats.batches_per_epoch < 24  # mid-epoch, then on
+  reference = tmp_path / "reference"
+  train(config, reference, tokenizer=tiny_tokenizer, progress=False)
+
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tokenizer.model").write_bytes((reference / "tokenizer.model").read_bytes())
+  config_path = tmp_path / "config.json"
+  config_path.write_text(json.dumps(config.to_dict()))
+  killed = _subprocess(workdir, config_path, "SIGKILL", "14")
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  with Checkpointer(workdir / "checkpoints") as checkpointer:
+    assert checkpointer.latest_step() == 12
+
+  two_workers = dataclasses.replace(config, data=dataclasses.replace(data, num_workers=2))
+  config_path.write_text(json.dumps(two_workers.to_dict()))
+  resumed = _subprocess(workdir, config_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from checkpoint step 12" in resumed.stdout
+  assert "Resuming with data.num_workers: saved 0, now 2" in resumed.stdout
+  want, got = _per_step_losses(reference), _per_step_losses(workdir)
+  assert sorted(got) == list(range(1, 25))
+  assert [got[step] for step in range(13, 25)] == [want[step] for step in range(13, 25)]
+  _assert_same_run(workdir, reference)
+
+
+def test_settings_that_change_a_batch_are_still_refused(reference_run):
+  config, reference, _ = reference_run
+  for field, value, shown in (("batch_tokens", 1024, "512, now 1024"),
+                              ("packing", True, "False, now True"),
+                              ("shuffle_seed", 3, "0, now 3")):
+    changed = dataclasses.replace(config, data=dataclasses.replace(config.data, **{field: value}))
+    with pytest.raises(ConfigMismatchError, match=rf"data\.{field}: saved {shown}"):
+      train(changed, reference, progress=False)
