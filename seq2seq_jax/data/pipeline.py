@@ -682,6 +682,10 @@ class TrainIterator(grain.DatasetIterator):
     if self._iterator is None:
       self._iterator = self._start()
     batch = next(self._iterator)
+    if self._num_workers:
+      # A worker's batch lives in shared memory that is unlinked when its array is collected:
+      # a copy lets a batch outlive the iterator (a traceback holds it) without leaking at exit.
+      batch = {key: np.array(value) for key, value in batch.items()}
     self._next_batch += 1
     return batch
 

@@ -21,7 +21,8 @@ checkpoint, data position included, and says so; a different config is refused
 change neither a batch nor an update (``RESUMABLE_FIELDS``: a preempted run may
 come back with another ``data.num_workers``); after ``kill -9`` a rerun loses
 only the steps since the last checkpoint; a non-finite loss raises
-``NonFiniteLossError`` naming the step, and the last good checkpoint stays.
+``NonFiniteLossError`` naming the step, and the last good checkpoint stays. The
+data iterator (and its worker processes) ends with the call, on success or error.
 
 Example:
   >>> from seq2seq_jax import presets
@@ -520,6 +521,10 @@ class _Run:
     self.checkpointer.save(self.state, config=self.config, tokenizer=self.tokenizer,
                            data_iterator=self.iterator, metrics=metrics)
 
+  def close(self) -> None:
+    """Ends the data iterator's threads and worker processes (``train`` calls it last)."""
+    self.iterator.close()
+
   def result(self, *, interrupted: bool) -> TrainResult:
     """What the session did, once its checkpoints are written."""
     self.checkpointer.wait_until_finished()
@@ -538,7 +543,8 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
   """Trains ``config.model`` on ``config.data`` for ``config.train.num_steps`` updates.
 
   Resumes from ``workdir/checkpoints`` when it holds a checkpoint of the same config
-  (``RESUMABLE_FIELDS`` may differ).
+  (``RESUMABLE_FIELDS`` may differ). The data iterator's worker processes end when
+  the call returns or raises.
 
   Args:
     config: the whole run.
@@ -577,22 +583,27 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
                                     keep=config.train.keep_checkpoints) as checkpointer:
     run = _Run(config, workdir, checkpointer, tokenizer=tokenizer,
                state_sharding_fn=state_sharding_fn, log=log)
-    run.restore()
-    interrupted = False
-    with _Interrupt() as interrupt, run.metrics_file:
-      while run.step < config.train.num_steps:
-        metrics = run.take_step(step_hook)
-        interrupted = interrupt.requested
-        evaluate = run.evaluation_due()
-        if evaluate or interrupted or run.step % config.train.log_every == 0:
-          record = run.window_means(metrics)  # timed before the validation
-          if evaluate:
-            record.update(run.evaluate())
-          run.write(record, evaluated=evaluate)
-        if evaluate or interrupted or run.step % config.train.checkpoint_every == 0:
-          run.save(evaluated=evaluate)
-        if interrupted:
-          log(f"Interrupted: saved checkpoint step {run.step} in {checkpointer.directory}; "
-              "rerun the same command to resume")
-          break
-    return run.result(interrupted=interrupted)
+    try:
+      run.restore()
+      interrupted = False
+      with _Interrupt() as interrupt, run.metrics_file:
+        while run.step < config.train.num_steps:
+          metrics = run.take_step(step_hook)
+          interrupted = interrupt.requested
+          evaluate = run.evaluation_due()
+          if evaluate or interrupted or run.step % config.train.log_every == 0:
+            record = run.window_means(metrics)  # timed before the validation
+            if evaluate:
+              record.update(run.evaluate())
+            run.write(record, evaluated=evaluate)
+          if evaluate or interrupted or run.step % config.train.checkpoint_every == 0:
+            run.save(evaluated=evaluate)
+          if interrupted:
+            log(f"Interrupted: saved checkpoint step {run.step} in {checkpointer.directory}; "
+                "rerun the same command to resume")
+            break
+      return run.result(interrupted=interrupted)
+    finally:
+      # Worker processes would otherwise live as long as a traceback holds the run, and leak
+      # their shared memory at exit.
+      run.close()

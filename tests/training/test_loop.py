@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import pathlib
 import signal
@@ -259,3 +260,42 @@ def test_settings_that_change_a_batch_are_still_refused(reference_run):
     changed = dataclasses.replace(config, data=dataclasses.replace(config.data, **{field: value}))
     with pytest.raises(ConfigMismatchError, match=rf"data\.{field}: saved {shown}"):
       train(changed, reference, progress=False)
+
+
+def _workers_alive() -> list:
+  return [child for child in multiprocessing.active_children() if child.is_alive()]
+
+
+def test_train_ends_its_worker_processes_on_success_and_on_error(reference_run, tmp_path):
+  config, reference, _ = reference_run
+  config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=2))
+  config = replace_train(config, num_steps=3)
+  assert not _workers_alive()
+  train(config, tmp_path / "done", progress=False)
+  assert not _workers_alive()
+
+  def poison_at_2(step, state):
+    if step == 2:
+      assert len(_workers_alive()) == 2  # the iterator's workers while the run goes
+      return state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    return state
+
+  with pytest.raises(NonFiniteLossError) as error:
+    train(config, tmp_path / "failed", step_hook=poison_at_2, progress=False)
+  assert error.traceback  # it holds the run's frames, and with them the iterator
+  assert not _workers_alive()
+
+
+@pytest.mark.slow
+def test_a_script_that_fails_in_train_leaks_no_shared_memory(reference_run, tmp_path):
+  config, reference, _ = reference_run
+  config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=2))
+  config_path = tmp_path / "config.json"
+  config_path.write_text(json.dumps(replace_train(config, num_steps=4).to_dict()))
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tokenizer.model").write_bytes((reference / "tokenizer.model").read_bytes())
+  failed = _subprocess(workdir, config_path, "NAN", "3")
+  assert failed.returncode == 1 and "NonFiniteLossError: non-finite training loss" in failed.stderr
+  for sign in ("leaked shared_memory", "SharedMemoryArray.__del__", "Exception ignored"):
+    assert sign not in failed.stderr, failed.stderr[-3000:]
