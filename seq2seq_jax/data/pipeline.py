@@ -86,6 +86,7 @@ import os
 import pathlib
 import sys
 import threading
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -324,7 +325,7 @@ class _PackedBatchPlan(_EpochPlan):
     super().__init__(seed=seed, num_epochs=num_epochs)
     self.length, self.rows = length, rows
     pairs, self._row_starts = _cached_pack_rows(
-        source_len_N[example_ids_N], target_len_N[example_ids_N], length, cache_dir)
+        example_ids_N, source_len_N[example_ids_N], target_len_N[example_ids_N], length, cache_dir)
     self._pairs = example_ids_N[pairs]
     self.batches_per_epoch = -(-(len(self._row_starts) - 1) // rows)
     self._check_not_empty()
@@ -408,27 +409,70 @@ def pack_rows(source_len_P: np.ndarray, target_len_P: np.ndarray, length: int
   return order[flat], row_starts
 
 
-def _cached_pack_rows(source_len_P: np.ndarray, target_len_P: np.ndarray, length: int,
-                      cache_dir) -> tuple[np.ndarray, np.ndarray]:
-  """``pack_rows``, kept in ``cache_dir`` (the prepared ids' folder) under a key of its input, so
-  a restart reads the rows instead of packing millions of pairs again."""
+_PACKING_FORMAT = "pack_rows v2"  # a new packer or file layout: a new version, other names
+
+
+def _cached_pack_rows(example_ids_P: np.ndarray, source_len_P: np.ndarray,
+                      target_len_P: np.ndarray, length: int, cache_dir
+                      ) -> tuple[np.ndarray, np.ndarray]:
+  """``pack_rows`` of pairs ``example_ids_P``, kept in ``cache_dir`` (the prepared ids' folder),
+  so a restart reads the rows instead of packing millions of pairs again.
+
+  The file, ``packing-{digest[:16]}.npz``, holds the rows and the whole sha256 of what
+  they pack: the pair ids, their lengths, the row length and ``_PACKING_FORMAT``. A
+  file that is unreadable, damaged, or packs something else (built from other ids,
+  lengths or settings) is packed again and replaced, with a warning naming it. It is
+  written under a name no other host or process uses, then renamed.
+  """
   if cache_dir is None:
     return pack_rows(source_len_P, target_len_P, length)
-  digest = hashlib.sha256(f"pack_rows v1 {length}".encode())
-  digest.update(np.ascontiguousarray(source_len_P, np.int32).tobytes())
-  digest.update(np.ascontiguousarray(target_len_P, np.int32).tobytes())
-  path = pathlib.Path(cache_dir) / f"packing-{digest.hexdigest()[:16]}.npz"
-  with contextlib.suppress(OSError, ValueError, KeyError):
-    with np.load(path) as cached:
-      return cached["pairs"], cached["row_starts"]
+  digest = hashlib.sha256(f"{_PACKING_FORMAT} {length}".encode())
+  for values in (example_ids_P, source_len_P, target_len_P):
+    digest.update(np.ascontiguousarray(values, np.int32).tobytes())
+  key = digest.hexdigest()
+  path = pathlib.Path(cache_dir) / f"packing-{key[:16]}.npz"
+  if path.exists():
+    try:
+      # Opened here: np.load leaves its own file open when the zip is unreadable.
+      with open(path, "rb") as handle, np.load(handle) as cached:
+        pairs, row_starts, written = cached["pairs"], cached["row_starts"], str(cached["digest"])
+      problem = _packing_problem(pairs, row_starts, written, key, source_len_P, target_len_P,
+                                 length)
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
+      problem = f"unreadable ({type(e).__name__}: {e})"
+    if problem is None:
+      return pairs, row_starts
+    _log.warning("packing cache %s is %s: packing the rows again and replacing it", path, problem)
   pairs, row_starts = pack_rows(source_len_P, target_len_P, length)
-  partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
+  partial = path.with_name(f"{path.stem}.{prepared.writer_tag()}.partial.npz")
   try:
-    np.savez(partial, pairs=pairs, row_starts=row_starts)
+    np.savez(partial, pairs=pairs, row_starts=row_starts, digest=np.asarray(key))
     partial.replace(path)
   except OSError as e:  # a read-only folder: pack again next time
     _log.info("could not keep the packed rows in %s (%s)", path, e)
+    with contextlib.suppress(OSError):
+      partial.unlink()
   return pairs, row_starts
+
+
+def _packing_problem(pairs: np.ndarray, row_starts: np.ndarray, written: str, key: str,
+                     source_len_P: np.ndarray, target_len_P: np.ndarray, length: int) -> str | None:
+  """What is wrong with cached rows, or None: a check worth its milliseconds, since a wrong
+  row would pass unseen into every batch."""
+  if written != key:
+    return "of other pairs (built from other ids, lengths or settings)"
+  count = len(source_len_P)
+  if (pairs.ndim != 1 or row_starts.ndim != 1 or len(pairs) != count or not len(row_starts)
+      or row_starts[0] != 0 or row_starts[-1] != count or (np.diff(row_starts) <= 0).any()):
+    return "damaged (its rows do not cover the pairs once)"
+  if count and (pairs.min() < 0 or pairs.max() >= count
+                or (np.bincount(pairs, minlength=count) != 1).any()):
+    return "damaged (its rows do not hold every pair once)"
+  starts = row_starts[:-1]
+  if count and max(np.add.reduceat(source_len_P[pairs], starts).max(),
+                   np.add.reduceat(target_len_P[pairs], starts).max()) > length:
+    return f"damaged (a row holds more than {length} tokens a side)"
+  return None
 
 
 def _gather_side(flat: np.ndarray, start_R: np.ndarray, len_R: np.ndarray, limit: int,

@@ -362,3 +362,71 @@ def test_workers_give_the_same_batches_and_restore_mid_epoch_with_any_count(ids_
       for key in want:
         np.testing.assert_array_equal(want[key], have[key], err_msg=f"{workers} workers, "
                                                                     f"batch {i}, {key}")
+
+
+# ------------------------------------------------------------------------------- packing cache
+
+
+def _packed_config(config, tmp_path):
+  return dataclasses.replace(_with_data_dir(config, tmp_path), packing=True, too_long="truncate")
+
+
+def _one_epoch(config, tokenizer):
+  dataset, _ = pipeline.make_train_dataset(config, tokenizer, seed=1, num_epochs=1)
+  return [dataset[i] for i in range(len(dataset))]
+
+
+def _assert_same_batches(got, want):
+  assert len(got) == len(want)
+  for i, (a, b) in enumerate(zip(got, want)):
+    for key in b:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=f"batch {i} {key}")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "foreign", "rows"])
+def test_a_damaged_or_foreign_packing_cache_is_packed_again(ids_config, tiny_tokenizer, tmp_path,
+                                                           damage, caplog, monkeypatch):
+  config = _packed_config(ids_config, tmp_path)
+  expected = _one_epoch(config, tiny_tokenizer)
+  directory = prepared.prepare_ids(config, tiny_tokenizer).directory
+  (cache,) = directory.glob("packing-*.npz")
+  data = cache.read_bytes()
+  if damage == "truncated":
+    cache.write_bytes(data[:len(data) // 2])
+  elif damage == "corrupt":  # one byte of the stored rows: the zip's CRC no longer matches
+    at = data.index(b"\x93NUMPY") + 200
+    cache.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
+  elif damage == "foreign":  # the rows of other lengths (shorter limits), under this name
+    _one_epoch(dataclasses.replace(config, max_source_len=16, max_target_len=16,
+                                   bucket_lengths=(16, 32)), tiny_tokenizer)
+    (other,) = set(directory.glob("packing-*.npz")) - {cache}
+    shutil.copyfile(other, cache)
+  else:  # this cache's digest, but a pair in two rows
+    with np.load(cache) as cached:
+      pairs, row_starts, digest = cached["pairs"], cached["row_starts"], cached["digest"]
+    pairs[1] = pairs[0]
+    np.savez(cache, pairs=pairs, row_starts=row_starts, digest=digest)
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+    again = _one_epoch(config, tiny_tokenizer)
+  assert f"packing cache {cache} is" in caplog.text
+  assert {"truncated": "unreadable", "corrupt": "unreadable", "foreign": "of other pairs",
+          "rows": "damaged"}[damage] in caplog.text
+  _assert_same_batches(again, expected)
+  # The file was replaced: the next start reads it and packs nothing.
+  monkeypatch.setattr(pipeline, "pack_rows", lambda *a: pytest.fail("packed again"))
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+    _assert_same_batches(_one_epoch(config, tiny_tokenizer), expected)
+  assert "packing cache" not in caplog.text
+  assert sorted(p.name for p in directory.iterdir() if "partial" in p.name) == []
+
+
+def test_the_packing_cache_is_written_under_a_name_of_its_host_and_process(
+    ids_config, tiny_tokenizer, tmp_path, monkeypatch):
+  written = []
+  savez = np.savez
+  monkeypatch.setattr(np, "savez", lambda path, **arrays: written.append(path) or savez(path, **arrays))
+  _one_epoch(_packed_config(ids_config, tmp_path), tiny_tokenizer)
+  (path,) = written
+  assert f".{socket.gethostname()}-{os.getpid()}-" in path.name and path.name.endswith(".partial.npz")
+  assert not path.exists()  # renamed into place
