@@ -327,25 +327,35 @@ def build_prepare_pipeline(pipeline: beam.Pipeline, data_config: DataConfig, tok
       raises ``DataError`` naming the file and line when the pipeline runs (Beam adds
       ``[while running 'Read']`` to the message).
   """
+  _check_records_per_shard(records_per_shard)
   location = prepared.ids_location(data_config, tokenizer, split)
   directory = pathlib.Path(output_dir) if output_dir is not None else location.directory
   with prepared.ids_lock(directory):
     temporary, writer_lock = prepared.start_partial(directory, "beam-")
+  try:
+    steps = _add_steps(pipeline, data_config, tokenizer, location, temporary=temporary,
+                       directory=directory, records_per_shard=records_per_shard)
+  except BaseException:
+    writer_lock.close()
+    shutil.rmtree(temporary, ignore_errors=True)
+    raise
   _WRITER_LOCKS.append(writer_lock)  # released when this process ends
-  return _add_steps(pipeline, data_config, tokenizer, location, temporary=temporary,
-                    directory=directory, records_per_shard=records_per_shard)
+  return steps
 
 
 # The writer locks of the partial folders build_prepare_pipeline made: this process's to hold.
 _WRITER_LOCKS: list[Any] = []
 
 
+def _check_records_per_shard(records_per_shard: int) -> None:
+  if records_per_shard < 1:
+    raise ValueError(f"records_per_shard={records_per_shard}: give at least 1")
+
+
 def _add_steps(pipeline: beam.Pipeline, data_config: DataConfig, tokenizer: Any,
                location: prepared.IdsLocation, *, temporary: pathlib.Path,
                directory: pathlib.Path, records_per_shard: int) -> beam.PCollection:
   """The steps of ``build_prepare_pipeline``, writing into ``temporary`` (already made)."""
-  if records_per_shard < 1:
-    raise ValueError(f"records_per_shard={records_per_shard}: give at least 1")
   langs = (data_config.source_lang, data_config.target_lang)
   pairs = None
   if _reads_files(data_config, location.split):
@@ -415,6 +425,7 @@ def run_prepare(data_config: DataConfig, tokenizer: Any, *, split: str | None = 
     DataError: bad text (the file and line named), as ``prepared.prepare_ids``.
     PreparedDataError: the pipeline finished without a finished folder.
   """
+  _check_records_per_shard(records_per_shard)
   location = prepared.ids_location(data_config, tokenizer, split)
   writer_lock = None
   if not (location.directory / "meta.json").exists():

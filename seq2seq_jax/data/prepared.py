@@ -141,9 +141,9 @@ def ids_settings(data_config: DataConfig) -> dict[str, Any]:
   return {"empty_lines": data_config.empty_lines}
 
 
-def ids_key(tokenizer_key_: str, settings: dict[str, Any]) -> str:
-  """The folder's ``key``: 16 hex digits of the tokenizer's key and ``ids_settings``."""
-  text = f"{tokenizer_key_} {json.dumps(settings, sort_keys=True)}"
+def ids_key(tokenizer_digest: str, settings: dict[str, Any]) -> str:
+  """The folder's ``key``: 16 hex digits of ``tokenizer_key(...)`` and ``ids_settings``."""
+  text = f"{tokenizer_digest} {json.dumps(settings, sort_keys=True)}"
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -337,14 +337,14 @@ def ids_location(data_config: DataConfig, tokenizer: Any, split: str | None = No
   from seq2seq_jax.data.builders import resolve_data_dir
   split = split or data_config.train_split
   langs = languages(data_config, tokenizer)
-  tokenizer_key_ = tokenizer_key(tokenizer, langs)
+  tokenizer_digest = tokenizer_key(tokenizer, langs)
   settings = ids_settings(data_config)
-  key = ids_key(tokenizer_key_, settings)
+  key = ids_key(tokenizer_digest, settings)
   corpus = corpus_name(data_config, split)
   directory = (pathlib.Path(resolve_data_dir(data_config)) / "ids" / corpus
                / f"{data_config.source_lang}-{data_config.target_lang}" / split / key)
   return IdsLocation(directory=directory, corpus=corpus, split=split, key=key, langs=langs,
-                     tokenizer_key=tokenizer_key_, settings=settings)
+                     tokenizer_key=tokenizer_digest, settings=settings)
 
 
 # ------------------------------------------------------------------------------------------------
