@@ -226,7 +226,7 @@ def test_kill_9_mid_epoch_and_resume_with_two_workers(tiny_data, tiny_tokenizer,
   data = dataclasses.replace(tiny_data, packing=packing, num_workers=0)
   config = tiny_experiment(data, num_steps=24, log_every=1, checkpoint_every=4)
   _, stats = pipeline.make_train_dataset(data, tiny_tokenizer)
-  assert 12 % stats.batches_per_epoch and 12 < stats.batches_per_epoch < 24  # mid-epoch, then on
+  assert 12 < stats.batches_per_epoch < 24  # resumed mid-epoch (at 8 or 12), then on
   reference = tmp_path / "reference"
   train(config, reference, tokenizer=tiny_tokenizer, progress=False)
 
@@ -238,17 +238,20 @@ def test_kill_9_mid_epoch_and_resume_with_two_workers(tiny_data, tiny_tokenizer,
   killed = _subprocess(workdir, config_path, "SIGKILL", "14")
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   with Checkpointer(workdir / "checkpoints") as checkpointer:
-    assert checkpointer.latest_step() == 12
+    # 12, or 8 when the machine is too busy for step 12's asynchronous save to land first.
+    resume = checkpointer.latest_step()
+  assert resume in (8, 12)
 
   two_workers = dataclasses.replace(config, data=dataclasses.replace(data, num_workers=2))
   config_path.write_text(json.dumps(two_workers.to_dict()))
   resumed = _subprocess(workdir, config_path)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "Resumed from checkpoint step 12" in resumed.stdout
+  assert f"Resumed from checkpoint step {resume}" in resumed.stdout
   assert "Resuming with data.num_workers: saved 0, now 2" in resumed.stdout
   want, got = _per_step_losses(reference), _per_step_losses(workdir)
   assert sorted(got) == list(range(1, 25))
-  assert [got[step] for step in range(13, 25)] == [want[step] for step in range(13, 25)]
+  assert [got[step] for step in range(resume + 1, 25)] == [want[step]
+                                                            for step in range(resume + 1, 25)]
   _assert_same_run(workdir, reference)
 
 
