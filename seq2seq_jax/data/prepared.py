@@ -460,7 +460,7 @@ def publish(temporary: str | os.PathLike, directory: str | os.PathLike) -> bool:
     _log.warning("%s was finished by another writer meanwhile; keeping it", directory)
     shutil.rmtree(temporary)
     return False
-  if directory.exists():  # an unfinished folder left by a writer of an older version
+  if directory.exists():  # no meta.json: never finished (a copy cut short, say)
     shutil.rmtree(directory)
   temporary.rename(directory)
   return True
