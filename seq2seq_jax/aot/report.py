@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import re
 import time
@@ -133,9 +132,6 @@ class CompileReport:
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), indent=2)
 
 
 def describe_model(model: nn.Module) -> str:
