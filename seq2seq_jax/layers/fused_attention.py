@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -73,22 +73,31 @@ def say_once(reason: str) -> None:
     logger.warning("%s", reason)
 
 
+def _traced_device() -> Any:
+  mesh = partitioning.active_mesh()
+  return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+
+
 def traced_platform() -> str:
   """The platform a model is being traced for: the active mesh's devices', else the default.
 
   ``"tpu"``, ``"gpu"`` (NVIDIA's and AMD's alike) or ``"cpu"``.
   """
-  mesh = partitioning.active_mesh()
-  if mesh is not None:
-    return mesh.devices.flat[0].platform
-  return jax.default_backend()
+  return _traced_device().platform
 
 
 def resolve(implementation: str) -> str:
-  """``"auto"`` made concrete for the traced platform; any other choice as it is."""
+  """``"auto"`` made concrete for the traced platform; any other choice as it is.
+
+  On a GPU, cuDNN only for NVIDIA's (``device_kind`` "NVIDIA ..."); the einsums on others.
+  """
   if implementation != "auto":
     return implementation
-  return {"tpu": "splash", "gpu": "cudnn"}.get(traced_platform(), "einsum")
+  platform = traced_platform()
+  if platform == "gpu" and not str(getattr(_traced_device(), "device_kind", "")).upper(
+      ).startswith("NVIDIA"):
+    return "einsum"
+  return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "einsum")
 
 
 def refusal(implementation: str, q_BTHK: Array, k_BSHK: Array, *, bias: Array | None,

@@ -9,6 +9,7 @@ That it lowers to cuDNN's kernel is checked for the compile-only H100
 """
 
 import logging
+import types
 
 import jax
 import jax.numpy as jnp
@@ -123,6 +124,12 @@ def test_a_dropped_segment_mask_would_fail_the_comparison():
   assert np.max(np.abs(np.asarray(got - want))[real]) > 1e-2
 
 
+def fake_device(monkeypatch, platform, kind):
+  """Traces as if for a device of ``platform`` and ``kind`` (its ``device_kind``)."""
+  device = types.SimpleNamespace(platform=platform, device_kind=kind)
+  monkeypatch.setattr(fused_attention, "_traced_device", lambda: device)
+
+
 class _FakeGPU:
   """Traces as if for an NVIDIA GPU and runs cuDNN's call through XLA's implementation."""
 
@@ -135,7 +142,7 @@ class _FakeGPU:
       return real(*args, implementation="xla" if implementation == "cudnn" else implementation,
                   **kwargs)
 
-    monkeypatch.setattr(fused_attention, "traced_platform", lambda: "gpu")
+    fake_device(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
 
 
@@ -174,10 +181,11 @@ def test_auto_runs_the_einsums_on_the_cpu_bit_for_bit(monkeypatch):
   assert fused_attention.resolve("auto") == "einsum"
 
 
-@pytest.mark.parametrize("platform, kernel", [("tpu", "splash"), ("gpu", "cudnn"),
-                                              ("cpu", "einsum")])
-def test_auto_resolves_by_the_traced_platform(monkeypatch, platform, kernel):
-  monkeypatch.setattr(fused_attention, "traced_platform", lambda: platform)
+@pytest.mark.parametrize("platform, kind, kernel", [
+    ("tpu", "TPU v5 lite", "splash"), ("gpu", "NVIDIA H100 80GB HBM3", "cudnn"),
+    ("gpu", "AMD Instinct MI300X", "einsum"), ("cpu", "cpu", "einsum")])
+def test_auto_resolves_by_the_traced_platform(monkeypatch, platform, kind, kernel):
+  fake_device(monkeypatch, platform, kind)
   assert fused_attention.resolve("auto") == kernel
   assert fused_attention.resolve("xla") == "xla"
 
