@@ -210,3 +210,15 @@ def test_tpu_anchors_quick(tmp_path):
     assert 0 < row["estimated_step_s"] < row["cycles_step_s"]
     assert row["measured_over_cycles"] > 0
   assert payload["evaluation_apart"]["step_s"] > 0
+
+
+@pytest.mark.slow
+def test_attention_kernels_quick(tmp_path):
+  payload = _run("attention_kernels", tmp_path)
+  records = {r["attention_impl"]: r for r in payload["rows"]}
+  assert set(records) == {"einsum", "auto"}
+  assert all(r["fits"] and r["target"] == "v5e-1" for r in records.values())
+  # The einsum program holds no kernel; "auto" reaches splash, costed by formula.
+  assert records["einsum"]["kernel_flops"] is None and not records["einsum"]["kernels"]
+  assert records["auto"]["kernel_flops"] > 0 and "splash" in records["auto"]["kernels"]
+  assert records["auto"]["cyc_ms"] > 0 and records["einsum"]["cyc_ms"] > 0
