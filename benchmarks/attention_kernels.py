@@ -138,7 +138,9 @@ def table(records: list[dict[str, Any]]) -> str:
   lines = ["| program | target | batch | attention | temp GiB | est. ms | cyc. ms | cyc. MFU |",
            "|---|---|---|---|---|---|---|---|"]
   fmt = lambda v, f: "-" if v is None else format(v, f)
-  for r in records:
+  order = lambda r: (r["section"] != "wmt", r["name"], r["target"], r["length"],
+                     r.get("batch") == "largest", r["attention_impl"] != "einsum")
+  for r in sorted(records, key=order):
     kernel = {"einsum": "einsums", "auto": "fused"}[r["attention_impl"]]
     batch = f"{r['rows']} x {r['length']}" + (" (largest)" if r.get("batch") == "largest" else "")
     lines.append(
