@@ -24,7 +24,7 @@ cycle estimate, the one to plan with, and 2.3-4.1x the roofline.
 A packed training program (``data.packing``) has rows of the largest bucket, every
 slot of which the compiler costs; how many slots hold real tokens depends on the
 corpus, which a compile never sees. The report assumes ``ASSUMED_PACKING_FILL``
-(measured on one corpus, see there) and says so.
+(measured on a WMT-sized stand-in corpus, see there) and says so.
 
 XLA's cost analysis counts the body of a loop once. Every trip is counted here
 in one of two ways, and the report says which (``loops``):
@@ -66,14 +66,16 @@ from seq2seq_jax.configs import ExperimentConfig
 GiB = 2 ** 30
 
 # The share of a packed row's token slots that hold real tokens, assumed by the reports of
-# packed training programs (a compile has no data). Measured on 2026-11-28: the input
-# pipeline's packer (``data.pipeline.pack_rows``) on Multi30k de-en train (29,000 pairs, a
-# sentencepiece vocabulary of 8,000, 16.2 + 15.7 tokens a pair with EOS) fills 92.7 % of the
-# slots of rows of 64 tokens a side (87.7 % at 32, 94.7 % at 128); the default buckets
-# (8 ... 64) fill 77.0 % of theirs, before the padding of each bucket's last batch. Another
-# corpus fills otherwise: a run's ``TrainStats.padding_fraction`` is its own measure.
-ASSUMED_PACKING_FILL = 0.93
-BUCKETING_FILL_MEASURED = 0.77  # the same corpus bucketed, for the comparison in the table
+# packed training programs (a compile has no data); the one fill figure of the project,
+# which the WMT presets and guides refer to. Measured on 2026-11-28 by
+# benchmarks/input_pipeline.py (RESULTS.md, "Input pipeline"): the packer
+# (``data.pipeline.pack_rows``) on the WMT'14-sized stand-in (4,508,785 pairs with word
+# counts drawn to match WMT'14's English side, a 32,000-piece vocabulary, 35.0 + 34.3
+# tokens a pair) in the WMT presets' rows of 256 a side left 3.7 % of the slots empty; the
+# presets' buckets (16 ... 256) left 19.6 % of theirs. WMT'14 itself is not measured here,
+# and another corpus fills otherwise: a run's ``TrainStats.padding_fraction`` is its own.
+ASSUMED_PACKING_FILL = 0.963
+BUCKETING_FILL_MEASURED = 0.804  # the same corpus bucketed, for the comparison in the table
 
 
 @dataclasses.dataclass
@@ -643,9 +645,9 @@ def packing_note(report: CompileReport) -> str:
   return (f"{report.program} on {report.target}: packed rows (data.packing) of "
           f"{report.source_len}+{report.target_len}: {report.tokens_per_step:,} token slots a "
           f"step; ~{report.estimated_real_tokens_per_step:,.0f} real tokens assuming "
-          f"{report.assumed_fill:.0%} of slots filled (ASSUMED_PACKING_FILL: measured on "
-          f"Multi30k de-en, 8,000 pieces, rows of 64, not on this run's data), where the "
-          f"default buckets filled {BUCKETING_FILL_MEASURED:.0%} of theirs")
+          f"{report.assumed_fill:.1%} of slots filled (ASSUMED_PACKING_FILL: measured on a "
+          f"WMT'14-sized stand-in corpus in rows of 256, not on this run's data), where "
+          f"length buckets filled {BUCKETING_FILL_MEASURED:.1%} of theirs")
 
 
 def fit_summary(config: ExperimentConfig, programs: Sequence[str] = ("train",),
