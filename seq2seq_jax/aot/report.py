@@ -65,6 +65,9 @@ from seq2seq_jax.configs import ExperimentConfig
 
 GiB = 2 ** 30
 
+# Turns a lowered program into a compiled one (``compile_program``'s ``compiler``).
+Compiler = Callable[[Any], Any]
+
 # The share of a packed row's token slots that hold real tokens, assumed by the reports of
 # packed training programs (a compile has no data); the one fill figure of the project,
 # which the WMT presets and guides refer to. Measured on 2026-11-28 by
@@ -246,12 +249,22 @@ def cycles_per_second(target: Target) -> float:
   return _cycles_per_second(one_chip)
 
 
+def cycle_seconds(cycles: float, target: Target) -> float | None:
+  """The report's step estimate ("cyc. ms"): ``cycles`` of the compiler's estimate, each
+  ``1 / cycles_per_second(target)`` long; ``None`` where the compiler counts no cycles."""
+  rate = cycles_per_second(target) if cycles else 0.0
+  return cycles / rate if rate else None
+
+
 def compile_program(program: programs_lib.Program, target: Target, *,
-                    model_name: str = "") -> CompileReport:
+                    model_name: str = "", compiler: Compiler | None = None) -> CompileReport:
   """Lowers and compiles ``program`` with the TPU compiler; the report of what it says.
 
   A program too large for the chip gives ``fits=False`` and the compiler's message
-  (its argument bytes are still reported); any other failure raises.
+  (its argument bytes are still reported); any other failure raises. ``compiler``
+  turns the lowered program into the compiled one (default ``lowered.compile()``);
+  anything with the compiled program's ``as_text``, ``cost_analysis`` and
+  ``memory_analysis`` will do (``benchmarks/tpu_anchors.py`` keeps them on disk).
   """
   start = time.perf_counter()
   arguments = _shard_bytes(program.args)
@@ -267,7 +280,7 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   lowered = program.jitted.lower(*program.args)
   try:
     with _not_in_persistent_cache():
-      compiled = lowered.compile()
+      compiled = lowered.compile() if compiler is None else compiler(lowered)
   except Exception as error:  # the compiler reports an over-full program as an error
     if not _is_out_of_memory(error):
       raise
@@ -316,9 +329,9 @@ def compile_program(program: programs_lib.Program, target: Target, *,
       compile_seconds=seconds, loops_counted_once=not loops.counted, loops=how,
       hbm_traffic_per_chip=traffic.hbm_bytes, hbm_step_seconds=hbm_seconds, hbm_mfu=hbm_mfu,
       message="" if fits else "the program needs more memory than the chip has")
-  rate = cycles_per_second(target) if loops.cycles else 0.0
-  if rate:
-    report.cycles_step_seconds = loops.cycles / rate
+  cycle_time = cycle_seconds(loops.cycles, target)
+  if cycle_time:
+    report.cycles_step_seconds = cycle_time
     report.cycles_mfu = flops / (report.cycles_step_seconds * target.chip.device_peak_flops)
   if not loops.counted:  # figures of one trip of some loop: no time, no MFU
     report.estimated_step_seconds = report.estimated_mfu = None
@@ -369,7 +382,8 @@ def _decode_step_summary(config: ExperimentConfig, target: Target, mesh: Any, ro
 
 def compile_report(config: ExperimentConfig, target: str | Target, program: str = "train", *,
                    rows: int | None = None, length: int | None = None,
-                   model: nn.Module | None = None) -> CompileReport:
+                   model: nn.Module | None = None,
+                   compiler: Compiler | None = None) -> CompileReport:
   """Compiles ``program`` of ``config`` for ``target`` and reports (see the module docstring).
 
   Args:
@@ -380,6 +394,8 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
     length: padded source (and target) length; default: the longest training bucket
       (train, eval), the source limit (generate, score).
     model: the model, when it is not ``config.model``'s (a pretrained checkpoint).
+    compiler: see ``compile_program`` (``train``, ``eval`` and ``score``; ``generate``'s
+      decoding step is always compiled).
 
   ``generate`` also compiles one decoding step without loops; its estimate is in
   ``estimated_step_seconds`` (per decoding step) and ``decode_step``.
@@ -392,7 +408,7 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
   built = programs_lib.build_program(program, config, mesh, rows=rows, length=length,
                                      model=model)
   name = describe_model(built_model(config, program, model))
-  report = compile_program(built, target, model_name=name)
+  report = compile_program(built, target, model_name=name, compiler=compiler)
   if program == "generate" and report.fits:
     step = _decode_step_summary(config, target, mesh, built.rows, built.source_len, model)
     report.decode_step = step
