@@ -10,16 +10,18 @@ the chip's bfloat16 peak and bytes over its HBM bandwidth (``targets.CHIPS``), a
 the implied MFU is FLOPs over that time and the peak: a roofline, an optimistic
 bound rather than a prediction.
 
-Beside it, the compiler's own cycle estimate (``cycles_step_seconds``): the TPU
-compiler writes an ``estimated_cycles`` on every scheduled instruction; their sum
-(loop bodies times their trips) is turned into seconds by the cycles the same
-compiler estimates for a large bfloat16 matmul on the chip, taken to run at the
-published peak (``cycles_per_second``). No measured step enters it. It charges
-what the roofline cannot see (matrix shapes that fill the matrix units badly,
-vector work, random bits for dropout), and adds up instructions that may overlap.
-On the published runs set against it (``benchmarks/RESULTS.md``, "Estimates against
-published runs", three compute-bound training steps) real steps took 0.8-1.4x the
-cycle estimate, the one to plan with, and 2.3-4.1x the roofline.
+Beside it, the compiler's own cycle estimate (``cycles_step_seconds``, "cyc. ms"), the
+estimate to plan with: the TPU compiler writes an ``estimated_cycles`` on every scheduled
+instruction; their sum (loop bodies times their trips) is turned into seconds by the cycles
+the same compiler estimates for a large bfloat16 matmul on the chip, taken to run at the
+published peak (``cycle_seconds``, ``cycles_per_second``). No measured step enters it. It
+charges what the roofline cannot see (matrix shapes that fill the matrix units badly,
+vector work such as dropout's random bits), adds up instructions that may overlap, and
+leaves out collectives (the compiler writes no cycles on them). Published training steps
+of the Transformer big took, as a multiple of it, TPU v3: @V3@; TPU v4: @V4@ (95 %
+prediction bands, ``STEP_BANDS``, from benchmarks/tpu_anchors.py's runs; each run held out
+lies in the band of the others); on v5e, v5p and v6e: not measured. A report's
+``step_band_seconds`` is its estimate times its generation's band.
 
 A packed training program (``data.packing``) has rows of the largest bucket, every
 slot of which the compiler costs; how many slots hold real tokens depends on the
@@ -50,7 +52,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -60,7 +62,7 @@ from jax.sharding import SingleDeviceSharding
 
 from seq2seq_jax.aot import programs as programs_lib
 from seq2seq_jax.aot.hlo import hbm_traffic, loop_costs
-from seq2seq_jax.aot.targets import Target, parse_target, target_devices, target_mesh
+from seq2seq_jax.aot.targets import CHIPS, Target, parse_target, target_devices, target_mesh
 from seq2seq_jax.configs import ExperimentConfig
 
 GiB = 2 ** 30
@@ -79,6 +81,45 @@ Compiler = Callable[[Any], Any]
 # and another corpus fills otherwise: a run's ``TrainStats.padding_fraction`` is its own.
 ASSUMED_PACKING_FILL = 0.963
 BUCKETING_FILL_MEASURED = 0.804  # the same corpus bucketed, for the comparison in the table
+
+
+# Published training steps' time over the report's cycle estimate (``cycles_step_seconds``,
+# "cyc. ms"), per chip generation: the 95 % prediction band (``prediction_band``) of the
+# published runs of that generation in benchmarks/tpu_anchors.py, which writes these figures
+# and checks each run held out (the band of the others holds it). A generation with no
+# published run has no band ("not measured"): none is borrowed from another.
+STEP_BANDS: dict[str, tuple[float, float]] = {"v3": (0.0, 0.0), "v4": (0.0, 0.0)}
+
+# Student's t distribution, its 97.5th percentile by degrees of freedom (two-sided 95 %).
+_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+          9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
+
+
+def prediction_band(ratios: Sequence[float]) -> tuple[float, float] | None:
+  """The band one more ratio falls in with 95 % probability, from ``ratios`` (measured
+  over estimated step times), taking their logarithms as normal draws: ``exp(m -+ t s
+  sqrt(1 + 1/n))`` with their mean m, sample deviation s and Student's t for n - 1
+  degrees of freedom. ``None`` for fewer than two ratios (no spread to go by)."""
+  n = len(ratios)
+  if n < 2 or n - 1 > max(_T_975):
+    return None
+  logs = [math.log(r) for r in ratios]
+  mean = sum(logs) / n
+  deviation = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+  half = _T_975[n - 1] * deviation * math.sqrt(1 + 1 / n)
+  return math.exp(mean - half), math.exp(mean + half)
+
+
+def step_band(chip: str) -> tuple[float, float] | None:
+  """``STEP_BANDS``' band for chip generation ``chip`` (``"v3"``), or ``None``: not measured."""
+  return STEP_BANDS.get(chip)
+
+
+def band_text(chip: str) -> str:
+  """``"0.31-2.2x"``: the band of ``chip`` as the tables and guides print it, or
+  ``"not measured"``."""
+  band = step_band(chip)
+  return "not measured" if band is None else f"{band[0]:.2g}-{band[1]:.2g}x"
 
 
 @dataclasses.dataclass
@@ -116,6 +157,9 @@ class CompileReport:
   hbm_mfu: float | None = None
   cycles_step_seconds: float | None = None  # the compiler's cycle estimate (see the module)
   cycles_mfu: float | None = None
+  # cycles_step_seconds times the chip generation's STEP_BANDS: where a real step is
+  # expected to fall; None where the generation has no published run to go by.
+  step_band_seconds: tuple[float, float] | None = None
   message: str = ""
   decode_step: dict[str, Any] | None = None
   search: dict[str, Any] | None = None  # generate: the whole search for its output limit
@@ -333,10 +377,14 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   if cycle_time:
     report.cycles_step_seconds = cycle_time
     report.cycles_mfu = flops / (report.cycles_step_seconds * target.chip.device_peak_flops)
+    band = step_band(target.chip.name)
+    if band is not None:
+      report.step_band_seconds = (band[0] * report.cycles_step_seconds,
+                                  band[1] * report.cycles_step_seconds)
   if not loops.counted:  # figures of one trip of some loop: no time, no MFU
     report.estimated_step_seconds = report.estimated_mfu = None
     report.hbm_step_seconds = report.hbm_mfu = None
-    report.cycles_step_seconds = report.cycles_mfu = None
+    report.cycles_step_seconds = report.cycles_mfu = report.step_band_seconds = None
   if program.name == "generate":  # what runs once, outside the search's loop
     report.search = {"flops_outside_loop": max(0.0, float(cost["flops"]) - loops.flops_in_loops),
                      "bytes_outside_loop": max(0.0, float(cost.get("bytes accessed", 0.0))
@@ -651,8 +699,19 @@ def format_table(reports: Sequence[CompileReport]) -> str:
              "bytes accessed / bandwidth); HBM GB and HBM ms: the same with the bytes that "
              "cross the HBM bus, read off the compiled program (seq2seq_jax.aot.hlo); cyc. ms: "
              "the compiler's own cycle estimates summed, a cycle timed by a large matmul at "
-             "peak. Published runs took 2.3-4.1x est. ms and 0.8-1.4x cyc. ms (RESULTS.md)")
+             "peak: the estimate to plan with. " + band_note(r.chip for r in reports))
   return "\n".join(out)
+
+
+def band_note(chips: Iterable[str]) -> str:
+  """The footnote's sentence on how far to trust "cyc. ms" on each TPU generation named
+  (``STEP_BANDS``; "not measured" where no published run exists)."""
+  names = list(dict.fromkeys(c for c in chips if c in CHIPS and CHIPS[c].platform == "tpu"))
+  if not names:
+    return "No published run bounds these estimates."
+  parts = [f"TPU {c}: {band_text(c)}" for c in names]
+  return ("Published training steps took, as a multiple of cyc. ms (95 % prediction band, "
+          "RESULTS.md): " + "; ".join(parts) + ".")
 
 
 def packing_note(report: CompileReport) -> str:
