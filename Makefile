@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 
-.PHONY: setup train test test-beam test-fast typecheck docs bench bench-quick clean
+.PHONY: setup train test test-beam test-cuda test-fast typecheck docs bench bench-quick clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,9 +44,25 @@ train: $(STAMP)
 	$(PY) -m seq2seq_jax.cli train --preset $(PRESET) --workdir $(WORKDIR) $(DATA_FLAGS) $(TRAIN_FLAGS)
 	$(PY) -m seq2seq_jax.cli evaluate --workdir $(WORKDIR) --split test_2016_flickr --beam-size 4 --show 3
 
+# cuDNN's fused attention lowers for a compile-only H100 (seq2seq_jax.aot) given jax's
+# CUDA plugin and cuDNN's wheel; no GPU and no CUDA driver needed. They go in a folder of
+# their own, put on the path only by test-cuda: with them importable jax would look for
+# a GPU at every start.
+CUDA_DIR ?= .cuda-compile
+CUDA_STAMP := $(CUDA_DIR)/.installed
+$(CUDA_STAMP): constraints.txt
+	$(PY) -m pip install -q --no-deps --target $(CUDA_DIR) -c constraints.txt \
+	    jax-cuda12-plugin jax-cuda12-pjrt nvidia-cudnn-cu12
+	touch $(CUDA_STAMP)
+
 # The type check and the docs build come first: each takes seconds and fails the run.
-test: $(STAMP) typecheck docs test-beam
+test: $(STAMP) typecheck docs test-beam test-cuda
 	$(PY) -m pytest -n 2 --durations=15 tests
+
+test-cuda: $(STAMP) $(CUDA_STAMP)
+	PYTHONPATH=$(CURDIR)/$(CUDA_DIR) JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \
+	    $(PY) -m pytest -q -p no:cacheprovider tests/aot/test_fused_kernels.py \
+	    tests/aot/test_aot.py -k "h100 or cuda"
 
 test-beam: $(BEAM_STAMP)
 	SEQ2SEQ_JAX_BEAM_TESTS=1 $(BEAM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
@@ -73,4 +89,4 @@ bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do SEQ2SEQ_JAX_QUICK=1 $(PY) benchmarks/$$s.py --out /tmp/seq2seq_jax_bench_$$s.json || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(BEAM_VENV) .cache .pytest_cache .mypy_cache docs/_build
+	rm -rf $(VENV) $(BEAM_VENV) $(CUDA_DIR) .cache .pytest_cache .mypy_cache docs/_build

@@ -23,7 +23,8 @@ memory (the child's own ``VmHWM``), steady-state token slots a second a side
 grain worker processes, and from one core (``dataset[i]`` in a loop on a thread
 pinned to core 0); padding over the batches against ``TrainStats.padding_fraction``;
 grain's own packers (``FirstFitPackIterDataset``, ``BestFitPackIterDataset``) on
-the same ids beside the library's planned packing; and, against the compiled WMT
+the same pairs as the library's planned packing (every pair of the 1 M prefix within
+the length limits); and, against the compiled WMT
 base step of ``benchmarks/results/tpu_compile.json`` (estimates for v5e:2x4 and
 v4:2x2x1), how many such cores a TPU host needs to keep up.
 
@@ -81,13 +82,13 @@ def settings(quick: bool) -> dict[str, Any]:
   if quick:
     return dict(pairs=4_000, shard_pairs=1_000, prefix_shards=2, vocab_size=1_000,
                 tokenizer_sentences=6_000, small="multi30k_tiny", seconds=0.2, min_batches=2,
-                warmup=1, workers=(1,), worker_runs=[("full", "new", True)], packer_pairs=2_000,
+                warmup=1, workers=(1,), worker_runs=[("full", "new", True)],
                 separate=False)
   return dict(pairs=WMT14_PAIRS, shard_pairs=500_000, prefix_shards=2, vocab_size=32_000,
               tokenizer_sentences=0, small="multi30k/raw", seconds=10.0, min_batches=20,
               warmup=5, workers=(1, 2, 4),
               worker_runs=[("full", "new", False), ("full", "new", True), ("prefix", "old", False)],
-              packer_pairs=300_000, separate=True)
+              separate=True)
 
 
 # --------------------------------------------------------------------------- the corpus
@@ -409,13 +410,35 @@ def measure_one_core(spec: dict[str, Any]) -> dict[str, Any]:
           "stats": stats_dict(stats), **rate}
 
 
-def measure_packers(spec: dict[str, Any]) -> list[dict[str, Any]]:
-  """grain's packers against the library's planned packing, on one core and the same ids.
+def drain_all(batches) -> dict[str, Any]:
+  """Slots a second a side over a whole pass of ``batches``, and its padding (both sides)."""
+  import numpy as np  # noqa: PLC0415
 
-  grain's packers take a stream of examples (dicts of 1-D arrays): here a random
-  sample of ``spec["pairs"]`` prepared pairs within the length limits, either held
-  in memory or read pair by pair from the shards as a grain pipeline would;
-  ``batch`` stacks ``rows`` packed rows, as the library's batches hold.
+  slots = real = count = 0
+  start = time.perf_counter()
+  for batch in batches:
+    slots += batch["inputs"].size
+    real += np.count_nonzero(batch["inputs"]) + np.count_nonzero(batch["targets"])
+    count += 1
+  elapsed = time.perf_counter() - start
+  return {"batches": count, "seconds": elapsed, "slots/s/side": slots / elapsed,
+          "padding measured": 1.0 - real / (2 * slots), "whole pass": True,
+          "timing": {"times_s": [elapsed]}}
+
+
+def measure_packers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+  """grain's packers against the library's planned packing, on one core and the same pairs.
+
+  Every packer gets the same pairs: all pairs of the spec's corpus within the
+  length limits, which are the pairs the library keeps (``too_long="filter"``).
+  grain's packers take a stream of examples (dicts of 1-D arrays), here in a random
+  order (a shuffled pipeline's), held in memory and packed in one whole pass, or
+  read pair by pair from the shards as a grain pipeline would (too slow for a
+  whole pass: a drain of ``spec["drain"]`` seconds). The library packs them once
+  (``pack_rows``; the rows kept beside the ids, read here) and its dataset gives
+  one whole epoch. ``batch`` stacks ``rows`` packed rows, as the library's batches
+  hold. Rates and padding are over the whole pass except where ``whole pass`` is
+  False.
   """
   import grain  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
@@ -424,14 +447,14 @@ def measure_packers(spec: dict[str, Any]) -> list[dict[str, Any]]:
   from seq2seq_jax.data import (  # noqa: PLC0415
       Tokenizer, bucket_rows, make_train_dataset, prepare_ids)
 
-  config = dataclasses.replace(child_config(spec), packing=True)
+  config = dataclasses.replace(child_config(spec), packing=True, too_long="filter")
   tokenizer = Tokenizer.load(spec["tokenizer"])
   ids = prepare_ids(config, tokenizer)
   length = config.bucket_lengths[-1]
   rows = bucket_rows(config, length)
   fits = np.flatnonzero((ids.source_len_N <= config.max_source_len)
                         & (ids.target_len_N <= config.max_target_len))
-  chosen = np.random.default_rng(0).permutation(fits)[:spec["pairs"]]
+  chosen = np.random.default_rng(0).permutation(fits)
   sources, targets = [], []
   for first in range(0, len(chosen), 8192):
     s, t = ids.read(chosen[first:first + 8192])
@@ -443,30 +466,32 @@ def measure_packers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     (s,), (t,) = ids.read([i])
     return {"inputs": s, "targets": t}
 
-  sources_of = {"in memory": lambda: grain.MapDataset.source(examples),
-                "read per pair": lambda: grain.MapDataset.source(chosen).map(read_pair)}
   packers = {"grain FirstFitPackIterDataset": FirstFitPackIterDataset,
              "grain BestFitPackIterDataset": BestFitPackIterDataset}
   results = []
   old = pin({min(os.sched_getaffinity(0))})
   try:
     for name, packer in packers.items():
-      for source_name, source in sources_of.items():
-        if source_name == "read per pair" and packer is BestFitPackIterDataset:
-          continue
-        stream = source().repeat().to_iter_dataset(grain.ReadOptions(num_threads=0))
-        packed = packer(stream, length_struct={"inputs": length, "targets": length},
-                        num_packing_bins=rows, shuffle_bins=False).batch(rows)
-        rate = drain(iter(packed), **spec["drain"])
-        results.append({"system": f"{name} ({source_name})", **rate})
-    dataset, stats = make_train_dataset(config, tokenizer, seed=0)
-    rate = drain(by_index(dataset), **spec["drain"])
+      stream = grain.MapDataset.source(examples).to_iter_dataset(grain.ReadOptions(num_threads=0))
+      packed = packer(stream, length_struct={"inputs": length, "targets": length},
+                      num_packing_bins=rows, shuffle_bins=False).batch(rows)
+      results.append({"system": f"{name} (in memory)", **drain_all(iter(packed))})
+    stream = (grain.MapDataset.source(chosen).map(read_pair).repeat()
+              .to_iter_dataset(grain.ReadOptions(num_threads=0)))
+    packed = FirstFitPackIterDataset(stream, length_struct={"inputs": length, "targets": length},
+                                     num_packing_bins=rows, shuffle_bins=False).batch(rows)
+    results.append({"system": "grain FirstFitPackIterDataset (read per pair)", "whole pass": False,
+                    **drain(iter(packed), **spec["drain"])})
+    dataset, stats = make_train_dataset(config, tokenizer, seed=0, num_epochs=1)
+    assert stats.num_pairs - stats.num_filtered == len(chosen)  # the same pairs
+    rate = drain_all(dataset[i] for i in range(len(dataset)))
     results.append({"system": "seq2seq_jax planned packing (reads the shards)",
                     "stats padding": stats.padding_fraction, **rate})
   finally:
     pin(old)
   for row in results:
-    row.update(size=spec["size"], sample_pairs=len(chosen), bins=rows, length=length)
+    row.setdefault("whole pass", False)
+    row.update(size=spec["size"], pairs=len(chosen), bins=rows, length=length)
   return results
 
 
@@ -635,7 +660,7 @@ def main() -> None:
                   for size, path, packing in s["worker_runs"]],
       "one_core": [spec("one_core", "full", "new", packing) for packing in (False, True)]
                   + [spec("one_core", "prefix", "old")],
-      "packers": [spec("packers", "full", "new", True, pairs=s["packer_pairs"])],
+      "packers": [spec("packers", "prefix", "new", True)],
   }, separate=s["separate"], extra=extra)
   prepares, starts, one_core = results["prepare"], results["start"], results["one_core"]
   workers = [row for group in results["workers"] for row in group]

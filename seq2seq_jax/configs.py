@@ -61,6 +61,8 @@ def _check_special_ids(config: TransformerConfig | T5Config | RNNConfig,
 
 POSITIONS = ("sinusoidal", "learned", "sinusoidal_marian", "sinusoidal_fairseq")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish")
+# How attention is computed: the einsums, or a fused kernel (layers.fused_attention).
+ATTENTION_IMPLS = ("einsum", "xla", "cudnn", "splash", "auto")
 
 
 class StackShape(NamedTuple):
@@ -94,7 +96,7 @@ class TransformerConfig:
   share_embeddings: bool = True  # one token table for encoder and decoder (joint vocabulary)
   tie_output: bool = True  # output projection reuses the decoder's token table
   dtype: str = "float32"  # compute dtype; parameters stay float32
-  attention_impl: str = "einsum"  # "einsum" (ours), or jax.nn.dot_product_attention's "xla" / "cudnn"
+  attention_impl: str = "einsum"  # einsum, xla, cudnn, splash or auto: layers.fused_attention
   activation: str = "relu"  # feed-forward nonlinearity: relu, gelu (erf), gelu_tanh, swish (SiLU)
   activation_dropout_rate: float | None = None  # on the FFN hidden layer; None = dropout_rate
   scale_embeddings: bool = True  # multiply looked-up token vectors by sqrt(model_dim)
@@ -129,7 +131,7 @@ class TransformerConfig:
     _check_choice(self, "positions", POSITIONS)
     _check_choice(self, "norm", ("post", "pre"))
     _check_choice(self, "dtype", tuple(_DTYPES))
-    _check_choice(self, "attention_impl", ("einsum", "xla", "cudnn"))
+    _check_choice(self, "attention_impl", ATTENTION_IMPLS)
     _check_choice(self, "activation", ACTIVATIONS)
     if self.positions.startswith("sinusoidal") and self.model_dim % 2:
       _fail(self, "model_dim", self.model_dim, "sinusoidal positions need an even model_dim")
@@ -211,6 +213,8 @@ class T5Config:
   scale_output: bool = True  # the decoder's output times model_dim ** -0.5 before the logits
   max_len: int = 512  # longest source or target accepted (no position table: a limit only)
   dtype: str = "float32"  # compute dtype; parameters stay float32
+  attention_impl: str = "einsum"  # as TransformerConfig's; the bias-carrying self attention
+  # runs the einsums under every choice (no fused kernel takes T5's bias), cross attention not
   pad_id: int = 0
   decoder_start_id: int = 0  # T5 starts decoding from pad
   eos_id: int = 1
@@ -228,6 +232,7 @@ class T5Config:
     _check_rate(self, "dropout_rate")
     _check_choice(self, "activation", ACTIVATIONS)
     _check_choice(self, "dtype", tuple(_DTYPES))
+    _check_choice(self, "attention_impl", ATTENTION_IMPLS)
     if not self.layer_norm_epsilon > 0:
       _fail(self, "layer_norm_epsilon", self.layer_norm_epsilon, "must be > 0")
     _check_special_ids(self, {"source": self.vocab_size, "target": self.vocab_size})
@@ -592,8 +597,7 @@ class ExperimentConfig:
   back with ``from_dict``, which names any unknown field. The model section
   carries its kind (``"transformer"``, ``"t5"`` or ``"rnn"``) under the key ``"kind"``;
   a model section without one is a Transformer's (configs written before the key).
-  ``data.packing`` needs a Transformer (not with ``attention_impl="cudnn"``) or a T5
-  whose ``max_len`` holds the packed rows (the largest bucket); an RNN refuses it.
+  ``data.packing`` needs a Transformer or a T5 whose ``max_len`` holds the packed rows (the largest bucket); an RNN refuses it.
 
   Example:
     >>> config = ExperimentConfig(model=TransformerConfig(vocab_size=500, model_dim=32,
@@ -631,11 +635,6 @@ class ExperimentConfig:
             f"the {kind!r} model ({type(self.model).__name__}) cannot train on packed rows: a "
             "recurrence carries one pair's state into the next; packing is for "
             f"{' and '.join(map(repr, _PACKING_KINDS))} models; set data.packing=False")
-    if getattr(self.model, "attention_impl", None) == "cudnn":
-      _fail(self, "data.packing", True,
-            f"the {kind!r} model with attention_impl='cudnn' cannot train on packed rows (the "
-            "segment mask through the cuDNN fused kernel is not verified); set "
-            "model.attention_impl='xla' or 'einsum', or data.packing=False")
     row = self.data.bucket_lengths[-1]
     if self.model.max_len < row:
       _fail(self, "model.max_len", self.model.max_len,

@@ -193,6 +193,9 @@ def test_input_pipeline_quick(tmp_path):
   systems = {r["system"] for r in payload["packers"]}
   assert "grain FirstFitPackIterDataset (in memory)" in systems
   assert any(s.startswith("seq2seq_jax planned packing") for s in systems)
+  # Every packer packs the same pairs: those of the prefix within the limits.
+  assert {(r["size"], r["pairs"]) for r in payload["packers"]} == {
+      (payload["sizes"]["prefix"], payload["packers"][0]["pairs"])}
   assert payload["appetite"] and all(r["cores, new packed"] > 0 for r in payload["appetite"])
   assert len(payload["targets"]) == 4
   assert all(isinstance(target["met"], bool) for target in payload["targets"])

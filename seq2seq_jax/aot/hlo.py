@@ -488,6 +488,59 @@ def instruction_flops(module: _Module, computation: str, instruction: _Instructi
   return 0.0
 
 
+# Splash attention's Pallas kernels (layers.fused_attention), by name: the matrix
+# products each computes per block of queries and keys (forward: Q K^T and P V; the
+# backward's dq kernel: Q K^T, dO V^T, dS K; its dk/dv kernel: Q K^T, P^T dO, dO V^T, dS^T Q).
+_SPLASH = re.compile(r"splash_mha_(fwd|dq|dkv)")
+_SPLASH_PRODUCTS = {"fwd": 2, "dq": 3, "dkv": 4}
+
+
+def kernel_flops(instruction: _Instruction) -> tuple[str, float] | None:
+  """``(kernel, FLOPs)`` of a fused attention kernel's custom call, by formula; None otherwise.
+
+  XLA's cost analysis counts a custom call as no FLOPs (-2 here). A splash call's
+  operand layouts name its arrays: block masks ``s8[1, Tb, Sb]`` (Tb x Sb blocks),
+  then queries ``[B, H, T, K]`` and keys ``[B, H, S, K]``; a causal mask adds a last
+  ``s32`` operand of rank 2 (the query positions it is computed from), and then only
+  the ``Tb (Tb + 1) / 2`` blocks on and below the diagonal run. Each product is
+  ``2 B H T S K`` FLOPs over the blocks that run.
+  """
+  if "tpu_custom_call" not in instruction.attributes:
+    return None
+  kind = _SPLASH.match(instruction.name)
+  if not kind:
+    return None
+  start = instruction.attributes.find("operand_layout_constraints={")
+  if start < 0:
+    return None
+  constraints = _ARRAY.findall(_layouts(instruction.attributes[start:]))
+  shapes = [(element, [int(d) for d in sizes.split(",") if d])
+            for element, sizes, _ in constraints]
+  if len(shapes) < 5:
+    return None
+  blocks, q, k = shapes[0][1], shapes[2][1], shapes[3][1]
+  batch, heads, queries, width = [1] * (4 - len(q)) + q
+  keys = k[-2]
+  fraction = 1.0
+  last_element, last = shapes[-1]
+  if last_element == "s32" and len(last) == 2 and len(blocks) == 3:  # causal
+    rows = max(blocks[1], blocks[2])
+    fraction = (rows + 1) / (2 * rows)
+  products = _SPLASH_PRODUCTS[kind.group(1)]
+  return "splash attention", products * 2.0 * batch * heads * queries * keys * width * fraction
+
+
+def _layouts(text: str) -> str:
+  """The text of ``operand_layout_constraints={...}``: up to its closing brace."""
+  depth = 0
+  for i, char in enumerate(text):
+    depth += char == "{"
+    depth -= char == "}"
+    if depth == 0 and char == "}":
+      return text[:i + 1]
+  return text
+
+
 @dataclasses.dataclass
 class LoopCosts:
   """What XLA's cost analysis leaves out of a program with loops, and its loops.
@@ -501,7 +554,11 @@ class LoopCosts:
     bytes_in_loops: the same for bytes accessed.
     cycles: the TPU compiler's own estimate of the program's core cycles: the sum of
       the ``estimated_cycles`` it writes on each scheduled instruction, loop bodies
-      times their trips (0 where the compiler writes none: XLA's GPU compiler).
+      times their trips (0 where the compiler writes none: XLA's GPU compiler). A
+      Pallas kernel's custom call carries none.
+    kernel_flops: the FLOPs of the fused attention kernels (``kernel_flops``), every
+      trip counted; XLA's cost analysis counts none of them.
+    kernel_calls: how many kernel calls a step runs, by kernel.
   """
 
   loops: list[Loop]
@@ -510,6 +567,8 @@ class LoopCosts:
   flops_in_loops: float = 0.0
   bytes_in_loops: float = 0.0
   cycles: float = 0.0
+  kernel_flops: float = 0.0
+  kernel_calls: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def counted(self) -> bool:
@@ -565,6 +624,10 @@ def loop_costs(text: str) -> LoopCosts:
                                  instruction.attributes):
           walk(called, multiplier, inside)
         continue
+      kernel = kernel_flops(instruction) if op == "custom-call" else None
+      if kernel is not None:
+        costs.kernel_flops += kernel[1] * multiplier
+        costs.kernel_calls[kernel[0]] = costs.kernel_calls.get(kernel[0], 0) + multiplier
       flops = instruction_flops(module, computation, instruction)
       costs.extra_flops += flops * (multiplier - 1)
       costs.flops_in_loops += flops if inside else 0.0

@@ -26,7 +26,14 @@ The pipeline::
 - ``Finalize`` runs once: it orders the shards (unit, then part), offsets each unit's
   lines by the lines of the units before it, renames the shards ``ids-00000...``,
   calls ``prepared.finalize`` in the temporary folder and renames that folder to the
-  final one.
+  final one under the folder's lock (``prepared.publish``: the same step as the local
+  writer's).
+
+The temporary folder, ``{key}.partial-beam-{host}-{pid}-{random}``, is made by the
+launching process, which holds its writer lock while the pipeline runs
+(``prepared.start_partial``). A prepare that finds such a folder once its launcher
+is gone (killed, preempted) removes it and logs it, local and Beam alike
+(``prepared.remove_abandoned``).
 
 Running elsewhere. ``run_prepare`` takes Beam's own pipeline options (a list of flags
 or a ``PipelineOptions``), and so does ``seq2seq-jax prepare --beam --beam-options
@@ -86,7 +93,6 @@ import pathlib
 import pickle
 import shutil
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -284,13 +290,8 @@ class _Finalize(beam.DoFn):
                    "'drop')", meta["empty_dropped"], meta["lines_read"], meta["corpus"],
                    meta["split"])
     prepared.finalize(temporary, shard_lengths=shard_lengths, shard_lines=shard_lines, meta=meta)
-    if (directory / "meta.json").exists():  # another writer finished first: the same ids
-      _log.warning("%s was finished by another writer meanwhile; keeping it", directory)
-      shutil.rmtree(temporary)
-    else:
-      if directory.exists():  # an unfinished folder left by a crashed writer
-        shutil.rmtree(directory)
-      temporary.rename(directory)
+    with prepared.ids_lock(directory):
+      prepared.publish(temporary, directory)
     yield str(directory)
 
 
@@ -301,7 +302,10 @@ def build_prepare_pipeline(pipeline: beam.Pipeline, data_config: DataConfig, tok
   """Adds the tokenize-and-write steps of one split to ``pipeline`` (see the module docstring).
 
   The text is found here, in the launching process: ``train_files`` is matched (and
-  its shards paired), or the tfds corpus is prepared first.
+  its shards paired), or the tfds corpus is prepared first. The temporary folder is
+  made here too (``prepared.start_partial``: abandoned ones are removed first), and
+  this process holds its writer lock until it exits: a later prepare removes the
+  folder once this process is gone and the folder was not published.
 
   Args:
     pipeline: a ``beam.Pipeline``; the caller runs it.
@@ -323,11 +327,35 @@ def build_prepare_pipeline(pipeline: beam.Pipeline, data_config: DataConfig, tok
       raises ``DataError`` naming the file and line when the pipeline runs (Beam adds
       ``[while running 'Read']`` to the message).
   """
-  if records_per_shard < 1:
-    raise ValueError(f"records_per_shard={records_per_shard}: give at least 1")
+  _check_records_per_shard(records_per_shard)
   location = prepared.ids_location(data_config, tokenizer, split)
   directory = pathlib.Path(output_dir) if output_dir is not None else location.directory
-  temporary = directory.with_name(f"{directory.name}.partial-beam-{uuid.uuid4().hex[:12]}")
+  with prepared.ids_lock(directory):
+    temporary, writer_lock = prepared.start_partial(directory, "beam-")
+  try:
+    steps = _add_steps(pipeline, data_config, tokenizer, location, temporary=temporary,
+                       directory=directory, records_per_shard=records_per_shard)
+  except BaseException:
+    writer_lock.close()
+    shutil.rmtree(temporary, ignore_errors=True)
+    raise
+  _WRITER_LOCKS.append(writer_lock)  # released when this process ends
+  return steps
+
+
+# The writer locks of the partial folders build_prepare_pipeline made: this process's to hold.
+_WRITER_LOCKS: list[Any] = []
+
+
+def _check_records_per_shard(records_per_shard: int) -> None:
+  if records_per_shard < 1:
+    raise ValueError(f"records_per_shard={records_per_shard}: give at least 1")
+
+
+def _add_steps(pipeline: beam.Pipeline, data_config: DataConfig, tokenizer: Any,
+               location: prepared.IdsLocation, *, temporary: pathlib.Path,
+               directory: pathlib.Path, records_per_shard: int) -> beam.PCollection:
+  """The steps of ``build_prepare_pipeline``, writing into ``temporary`` (already made)."""
   langs = (data_config.source_lang, data_config.target_lang)
   pairs = None
   if _reads_files(data_config, location.split):
@@ -397,12 +425,23 @@ def run_prepare(data_config: DataConfig, tokenizer: Any, *, split: str | None = 
     DataError: bad text (the file and line named), as ``prepared.prepare_ids``.
     PreparedDataError: the pipeline finished without a finished folder.
   """
+  _check_records_per_shard(records_per_shard)
   location = prepared.ids_location(data_config, tokenizer, split)
+  writer_lock = None
   if not (location.directory / "meta.json").exists():
+    with prepared.ids_lock(location.directory):
+      if not (location.directory / "meta.json").exists():  # finished meanwhile?
+        temporary, writer_lock = prepared.start_partial(location.directory, "beam-")
+  if writer_lock is not None:
     start = time.perf_counter()
-    with beam.Pipeline(options=make_pipeline_options(pipeline_options)) as pipeline:
-      build_prepare_pipeline(pipeline, data_config, tokenizer, split=location.split,
-                             records_per_shard=records_per_shard)
+    try:
+      with beam.Pipeline(options=make_pipeline_options(pipeline_options)) as pipeline:
+        _add_steps(pipeline, data_config, tokenizer, location, temporary=temporary,
+                   directory=location.directory, records_per_shard=records_per_shard)
+    finally:
+      writer_lock.close()
+      shutil.rmtree(temporary, ignore_errors=True)  # published already unless the run failed
     _log.info("prepared %s:%s as ids in %s with Beam (%.1f s)", location.corpus, location.split,
               location.directory, time.perf_counter() - start)
-  return prepared.PreparedIds.open(location.directory, expected_key=location.key)
+  prepared.remove_abandoned(location.directory)  # a killed writer's, when another finished the ids
+  return prepared.open_location(location)

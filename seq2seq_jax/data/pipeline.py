@@ -86,8 +86,9 @@ import os
 import pathlib
 import sys
 import threading
+import zipfile
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import grain
 import numpy as np
@@ -128,6 +129,22 @@ class EvalText:
 
   sources: list[str]
   references: list[str]
+
+
+class _BucketItem(NamedTuple):
+  """A bucketed batch of the plan: its length and the pairs of its rows."""
+
+  length: int  # L
+  ids_B: np.ndarray  # the pair in each row, -1 = a padding row
+
+
+class _PackedItem(NamedTuple):
+  """A packed batch of the plan: which pairs go to which of its rows."""
+
+  length: int  # L
+  pairs_P: np.ndarray  # the pairs, row after row
+  row_P: np.ndarray  # the row of each pair
+  rows: int  # B, the rows of the global batch (some may stay empty)
 
 
 def bucket_rows(data_config: DataConfig, length: int) -> int:
@@ -237,7 +254,7 @@ class _EpochPlan(grain.MapDataset):
 
 
 class _TrainBatchPlan(_EpochPlan):
-  """Batch number -> ``(length L, example ids [B] with -1 for padding rows)``.
+  """Batch number -> ``_BucketItem(length L, example ids [B] with -1 for padding rows)``.
 
   Epoch ``e`` is planned from ``(seed, e)`` alone: shuffle each bucket's pairs, cut
   them into batches of that bucket's rows, fill the last with -1, shuffle the batches.
@@ -253,7 +270,7 @@ class _TrainBatchPlan(_EpochPlan):
     self.batches_per_epoch = sum(-(-len(m) // r) for m, r in zip(self._members, self._rows))
     self._check_not_empty()
 
-  def plan_epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+  def plan_epoch(self, epoch: int) -> list[_BucketItem]:
     """Every batch of ``epoch`` in order: ``(length, example ids [B], -1 = padding)``."""
     rng = np.random.default_rng([self._seed, epoch])
     batches = []
@@ -263,7 +280,7 @@ class _TrainBatchPlan(_EpochPlan):
       shuffled = rng.permutation(members)
       padded = np.full(-(-len(shuffled) // rows) * rows, -1, np.int32)
       padded[:len(shuffled)] = shuffled
-      batches.extend((length, ids) for ids in padded.reshape(-1, rows))
+      batches.extend(_BucketItem(length, ids) for ids in padded.reshape(-1, rows))
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -280,33 +297,29 @@ class _MakeBatch:
     self._shard_index = shard_index
     self._shard_count = shard_count
 
-  def __call__(self, item: tuple[int, np.ndarray]) -> Batch:
+  def __call__(self, item: _BucketItem) -> Batch:
     length, ids_B = item
     rows = len(ids_B) // self._shard_count
     ids_B = np.asarray(ids_B[self._shard_index * rows:(self._shard_index + 1) * rows], np.int32)
     real = np.flatnonzero(ids_B >= 0)
     texts = self._pairs.__getitems__(ids_B[real].tolist())
     pad_id = self._tokenizer.pad_id
-    inputs_BL = np.full((rows, length), pad_id, np.int32)
-    targets_BL = np.full((rows, length), pad_id, np.int32)
-    for out_BL, encode, side, limit in (
-        (inputs_BL, lambda t, _: _encode_sources(self._tokenizer, t, self._langs), 0,
+    batch = {}
+    for key, encode, side, limit in (
+        ("inputs", lambda t, _: _encode_sources(self._tokenizer, t, self._langs), 0,
          self._max_source_len),
-        (targets_BL, self._tokenizer.encode_target, 1, self._max_target_len)):
+        ("targets", self._tokenizer.encode_target, 1, self._max_target_len)):
       encoded = encode([pair[side] for pair in texts], self._langs[side])
-      for row, pieces in zip(real, encoded):
-        if len(pieces) > limit:  # keep EOS (the last id) and a language code in front
-          pieces = pieces[:limit - 1] + pieces[-1:]
-        if len(pieces) > length:  # the plan measured these lengths with the same tokenizer
-          raise RuntimeError(f"pair {ids_B[row]} has {len(pieces)} tokens, more than its bucket "
-                             f"{length}: the tokenizer changed after the lengths were measured")
-        out_BL[row, :len(pieces)] = pieces
-    return {"inputs": inputs_BL, "targets": targets_BL, "index": ids_B,
-            "weights": (ids_B >= 0).astype(np.float32)}
+      len_R = np.fromiter(map(len, encoded), np.int64, len(encoded))
+      flat = np.fromiter((i for ids in encoded for i in ids), np.int32, int(len_R.sum()))
+      out_BL = np.full((rows, length), pad_id, np.int32)
+      out_BL[real] = _gather_side(flat, np.cumsum(len_R) - len_R, len_R, limit, length, pad_id)
+      batch[key] = out_BL
+    return {**batch, "index": ids_B, "weights": (ids_B >= 0).astype(np.float32)}
 
 
 class _PackedBatchPlan(_EpochPlan):
-  """Batch number -> ``(length L, pair ids [P], row of each pair [P], rows B)``: packed rows.
+  """Batch number -> ``_PackedItem(length L, pair ids [P], row of each pair [P], rows B)``.
 
   The kept pairs are packed once into rows of ``length`` tokens a side
   (``pack_rows``; the rows are kept beside the prepared ids for the next start).
@@ -324,7 +337,7 @@ class _PackedBatchPlan(_EpochPlan):
     super().__init__(seed=seed, num_epochs=num_epochs)
     self.length, self.rows = length, rows
     pairs, self._row_starts = _cached_pack_rows(
-        source_len_N[example_ids_N], target_len_N[example_ids_N], length, cache_dir)
+        example_ids_N, source_len_N[example_ids_N], target_len_N[example_ids_N], length, cache_dir)
     self._pairs = example_ids_N[pairs]
     self.batches_per_epoch = -(-(len(self._row_starts) - 1) // rows)
     self._check_not_empty()
@@ -340,7 +353,7 @@ class _PackedBatchPlan(_EpochPlan):
     pair_rows = np.repeat(np.arange(len(chosen), dtype=np.int32), sizes)
     offsets = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     pairs = self._pairs[np.repeat(starts, sizes) + offsets]
-    return self.length, pairs, pair_rows, self.rows
+    return _PackedItem(self.length, pairs, pair_rows, self.rows)
 
 
 def pack_rows(source_len_P: np.ndarray, target_len_P: np.ndarray, length: int
@@ -408,65 +421,121 @@ def pack_rows(source_len_P: np.ndarray, target_len_P: np.ndarray, length: int
   return order[flat], row_starts
 
 
-def _cached_pack_rows(source_len_P: np.ndarray, target_len_P: np.ndarray, length: int,
-                      cache_dir) -> tuple[np.ndarray, np.ndarray]:
-  """``pack_rows``, kept in ``cache_dir`` (the prepared ids' folder) under a key of its input, so
-  a restart reads the rows instead of packing millions of pairs again."""
+_PACKING_FORMAT = "pack_rows v2"  # a new packer or file layout: a new version, other names
+
+
+def _cached_pack_rows(example_ids_P: np.ndarray, source_len_P: np.ndarray,
+                      target_len_P: np.ndarray, length: int, cache_dir
+                      ) -> tuple[np.ndarray, np.ndarray]:
+  """``pack_rows`` of pairs ``example_ids_P``, kept in ``cache_dir`` (the prepared ids' folder),
+  so a restart reads the rows instead of packing millions of pairs again.
+
+  The file, ``packing-{digest[:16]}.npz``, holds the rows and the whole sha256 of what
+  they pack: the pair ids, their lengths, the row length and ``_PACKING_FORMAT``. A
+  file that is unreadable, damaged, or packs something else (built from other ids,
+  lengths or settings) is packed again and replaced, with a warning naming it. It is
+  written under a name no other host or process uses, then renamed.
+  """
   if cache_dir is None:
     return pack_rows(source_len_P, target_len_P, length)
-  digest = hashlib.sha256(f"pack_rows v1 {length}".encode())
-  digest.update(np.ascontiguousarray(source_len_P, np.int32).tobytes())
-  digest.update(np.ascontiguousarray(target_len_P, np.int32).tobytes())
-  path = pathlib.Path(cache_dir) / f"packing-{digest.hexdigest()[:16]}.npz"
-  with contextlib.suppress(OSError, ValueError, KeyError):
-    with np.load(path) as cached:
-      return cached["pairs"], cached["row_starts"]
+  digest = hashlib.sha256(f"{_PACKING_FORMAT} {length}".encode())
+  for values in (example_ids_P, source_len_P, target_len_P):
+    digest.update(np.ascontiguousarray(values, np.int32).tobytes())
+  key = digest.hexdigest()
+  path = pathlib.Path(cache_dir) / f"packing-{key[:16]}.npz"
+  if path.exists():
+    try:
+      # Opened here: np.load leaves its own file open when the zip is unreadable.
+      with open(path, "rb") as handle, np.load(handle) as cached:
+        pairs, row_starts, written = cached["pairs"], cached["row_starts"], str(cached["digest"])
+      problem = _packing_problem(pairs, row_starts, written, key, source_len_P, target_len_P,
+                                 length)
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
+      problem = f"unreadable ({type(e).__name__}: {e})"
+    if problem is None:
+      return pairs, row_starts
+    _log.warning("packing cache %s is %s: packing the rows again and replacing it", path, problem)
   pairs, row_starts = pack_rows(source_len_P, target_len_P, length)
-  partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
+  partial = path.with_name(f"{path.stem}.{prepared.writer_tag()}.partial.npz")
   try:
-    np.savez(partial, pairs=pairs, row_starts=row_starts)
+    np.savez(partial, pairs=pairs, row_starts=row_starts, digest=np.asarray(key))
     partial.replace(path)
   except OSError as e:  # a read-only folder: pack again next time
     _log.info("could not keep the packed rows in %s (%s)", path, e)
+    with contextlib.suppress(OSError):
+      partial.unlink()
   return pairs, row_starts
+
+
+def _packing_problem(pairs: np.ndarray, row_starts: np.ndarray, written: str, key: str,
+                     source_len_P: np.ndarray, target_len_P: np.ndarray, length: int) -> str | None:
+  """What is wrong with cached rows, or None: a check worth its milliseconds, since a wrong
+  row would pass unseen into every batch."""
+  if written != key:
+    return "of other pairs (built from other ids, lengths or settings)"
+  count = len(source_len_P)
+  if (pairs.ndim != 1 or row_starts.ndim != 1 or len(pairs) != count or not len(row_starts)
+      or row_starts[0] != 0 or row_starts[-1] != count or (np.diff(row_starts) <= 0).any()):
+    return "damaged (its rows do not cover the pairs once)"
+  if count and (pairs.min() < 0 or pairs.max() >= count
+                or (np.bincount(pairs, minlength=count) != 1).any()):
+    return "damaged (its rows do not hold every pair once)"
+  starts = row_starts[:-1]
+  if count and max(np.add.reduceat(source_len_P[pairs], starts).max(),
+                   np.add.reduceat(target_len_P[pairs], starts).max()) > length:
+    return f"damaged (a row holds more than {length} tokens a side)"
+  return None
+
+
+def _truncation(len_P: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Which ids of each pair a batch keeps: all of a pair within ``limit``; of a longer one its
+  first ``limit - 1`` ids and its last (EOS; a language code in front stays).
+
+  Returns:
+    ``(keep_P, within, offset)``: ids kept per pair; for every kept id, pair after pair,
+    its place among the pair's kept ids and its offset among the pair's ids.
+  """
+  keep_P = np.minimum(len_P, limit)
+  first_P = np.cumsum(keep_P) - keep_P
+  within = np.arange(int(keep_P.sum())) - np.repeat(first_P, keep_P)
+  last = (within == np.repeat(keep_P - 1, keep_P)) & np.repeat(len_P > keep_P, keep_P)
+  return keep_P, within, np.where(last, np.repeat(len_P - 1, keep_P), within)
+
+
+def _plan_disagrees(what: str) -> RuntimeError:
+  return RuntimeError(f"{what}: the lengths the batch plan was made from disagree with the ids "
+                      "(the tokenizer or the prepared ids changed since)")
 
 
 def _gather_side(flat: np.ndarray, start_R: np.ndarray, len_R: np.ndarray, limit: int,
                  width: int, pad_id: int) -> np.ndarray:
-  """``[R, width]`` rows of ids cut out of ``flat`` (``len_R`` ids from ``start_R``), padded;
-  a pair over ``limit`` keeps its first ``limit - 1`` ids and its last (EOS)."""
-  keep_R = np.minimum(len_R, limit)
+  """``[R, width]`` rows of ids cut out of ``flat`` (``len_R`` ids from ``start_R``), each
+  truncated to ``limit`` (``_truncation``) and padded."""
+  keep_R, within, offset = _truncation(len_R, limit)
   if len(keep_R) and keep_R.max() > width:
-    raise RuntimeError(f"a pair of {keep_R.max()} tokens does not fit its row of {width}: the "
-                       "prepared lengths disagree with the batch plan")
-  cols = np.arange(width)
-  last = (cols == keep_R[:, None] - 1) & (len_R > keep_R)[:, None]
-  index = start_R[:, None] + np.where(last, len_R[:, None] - 1, cols)
-  mask = cols < keep_R[:, None]
-  return np.where(mask, flat[np.minimum(index, max(len(flat) - 1, 0))] if len(flat) else pad_id,
-                  pad_id).astype(np.int32)
+    raise _plan_disagrees(f"a pair of {keep_R.max()} tokens does not fit its row of {width}")
+  out = np.full((len(len_R), width), pad_id, np.int32)
+  out[np.repeat(np.arange(len(len_R)), keep_R), within] = flat[np.repeat(start_R, keep_R) + offset]
+  return out
 
 
 def _scatter_side(flat: np.ndarray, start_P: np.ndarray, len_P: np.ndarray, limit: int,
                   row_P: np.ndarray, shape: tuple[int, int], pad_id: int) -> dict[str, np.ndarray]:
-  """Packed rows of one side: ids, segment ids (1, 2, ... per row) and positions."""
-  keep_P = np.minimum(len_P, limit)
+  """Packed rows of one side: ids, segment ids (1, 2, ... per row) and positions; each pair
+  truncated to ``limit`` (``_truncation``)."""
+  keep_P, within, offset = _truncation(len_P, limit)
   first_P = np.r_[True, row_P[1:] != row_P[:-1]] if len(row_P) else np.zeros(0, bool)
   group_start = np.maximum.accumulate(np.where(first_P, np.arange(len(row_P)), 0))
   segment_P = np.arange(len(row_P)) - group_start + 1
   end_P = np.cumsum(keep_P)
   column_P = end_P - keep_P - (end_P - keep_P)[group_start]
-  within = np.arange(int(keep_P.sum())) - np.repeat(end_P - keep_P, keep_P)
-  last = (within == np.repeat(keep_P - 1, keep_P)) & np.repeat(len_P > keep_P, keep_P)
-  source = np.repeat(start_P, keep_P) + np.where(last, np.repeat(len_P - 1, keep_P), within)
   rows, cols = np.repeat(row_P, keep_P), np.repeat(column_P, keep_P) + within
   if len(cols) and cols.max() >= shape[1]:
-    raise RuntimeError("packed pairs overflow their row: the prepared lengths disagree with the "
-                       "batch plan")
+    raise _plan_disagrees(f"packed pairs need {cols.max() + 1} slots of a row of {shape[1]}")
   ids = np.full(shape, pad_id, np.int32)
   segments = np.zeros(shape, np.int32)
   positions = np.zeros(shape, np.int32)
-  ids[rows, cols] = flat[source]
+  ids[rows, cols] = flat[np.repeat(start_P, keep_P) + offset]
   segments[rows, cols] = np.repeat(segment_P, keep_P)
   positions[rows, cols] = within
   return {"": ids, "_segment_ids": segments, "_positions": positions}
@@ -483,8 +552,8 @@ class _MakeIdsBatch:
     self._shard_index = shard_index
     self._shard_count = shard_count
 
-  def __call__(self, item) -> Batch:
-    if len(item) == 4:
+  def __call__(self, item: _BucketItem | _PackedItem) -> Batch:
+    if isinstance(item, _PackedItem):
       return self._packed(*item)
     length, ids_B = item
     rows = len(ids_B) // self._shard_count
@@ -529,8 +598,9 @@ class _MakeIdsBatch:
 
 def _train_lengths(data_config: DataConfig, tokenizer: Tokenizer, split: str, *, shard_index: int,
                    wait_s: float):
-  """``(source_len_N, target_len_N, line_N, batch_maker_factory, name)`` of the training split:
-  from the prepared ids (``tokenize_once``) or by tokenizing the text (the old path)."""
+  """``(source_len_N, target_len_N, source, name)`` of the training split: the token counts
+  from the prepared ids (``tokenize_once``; ``source`` is the ``PreparedIds``) or from
+  tokenizing the text (the old path; ``source`` is the ``TextPairs``), and a name for logs."""
   if data_config.tokenize_once:
     ids = prepared.prepare_ids(data_config, tokenizer, split=split, writer=shard_index == 0,
                                wait_s=wait_s)
@@ -682,6 +752,10 @@ class TrainIterator(grain.DatasetIterator):
     if self._iterator is None:
       self._iterator = self._start()
     batch = next(self._iterator)
+    if self._num_workers:
+      # A worker's batch lives in shared memory that is unlinked when its array is collected:
+      # a copy lets a batch outlive the iterator (a traceback holds it) without leaking at exit.
+      batch = {key: np.array(value) for key, value in batch.items()}
     self._next_batch += 1
     return batch
 
@@ -745,7 +819,7 @@ def make_eval_batches(data_config: DataConfig, tokenizer: Tokenizer, *, split: s
     real = np.arange(start, min(start + rows, len(pairs)), dtype=np.int32)
     ids_B[:len(real)] = real
     bucket = data_config.bucket_lengths[_bucket_index(data_config, length_N[real].max())]
-    plan.append((bucket, ids_B))
+    plan.append(_BucketItem(bucket, ids_B))
   return grain.MapDataset.source(plan).map(
       _MakeBatch(pairs, tokenizer, data_config, shard_index=shard_index, shard_count=shard_count))
 

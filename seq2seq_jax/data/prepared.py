@@ -21,20 +21,30 @@ file                             what it holds
                                  a folder without it was never finished
 ================================ ==================================================
 
-``key`` is 16 hex digits of the sha256 of the tokenizer (its sentencepiece model,
-or a pretrained tokenizer's ``to_dict()``), the language codes it is given, and
-``FORMAT_VERSION``: another vocabulary gets another folder and is never read by
-mistake. ``corpus`` names the tfds dataset and its version (``multi30k`` and
+``key`` is 16 hex digits of the sha256 of everything that changes the ids besides
+the corpus, split and languages of the path: the tokenizer (its sentencepiece
+model, or a pretrained tokenizer's ``to_dict()``), the language codes it is given,
+``FORMAT_VERSION`` (together ``tokenizer_key``) and the settings of ``ids_settings``
+(``DataConfig.empty_lines``): another vocabulary, or pairs with an empty side
+dropped instead of refused, get another folder and are never read by mistake.
+``corpus`` names the tfds dataset and its version (``multi30k`` and
 ``parallel_text`` carry the content key of their files), or, for
 ``DataConfig.train_files``, the files' names, sizes and modification times.
 
 Writers: ``prepare_ids`` writes in this process (shards of ``records_per_shard``
 pairs); ``seq2seq_jax.data.beam`` writes the same shards from an Apache Beam
 pipeline. Both go through ``encode_pairs``, ``write_shard`` and ``finalize``,
-so they write the same ids. A folder is written under a temporary name and
-renamed when complete; one writer per machine holds a file lock, and the hosts
-of a multi-host run that are not the writer wait for ``meta.json`` (and raise
-``PreparedDataError`` naming the folder after ``wait_s``).
+so they write the same ids. A folder is written under a temporary name,
+``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...`` for Beam), and
+renamed when complete (``publish``); the writer holds a lock file inside it
+(``writer.lock``) for as long as it writes. Local writers take the folder's lock
+(``{key}.lock``, ``ids_lock``) for the whole write, Beam only to start and to
+publish, and under it a writer removes, and logs, every partial folder whose
+writer is gone (killed, preempted): its ``writer.lock`` is free. The locks are
+``flock`` locks: they hold across hosts on file systems that honour them (local
+disks, NFSv4). The hosts of a multi-host run that are not the writer wait for
+``meta.json`` (and raise ``PreparedDataError`` naming the folder after
+``wait_s``).
 
 Readers check what they read: a shard that is missing, truncated or holds
 another number of records than the index, and a record whose size disagrees with
@@ -60,17 +70,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import glob
 import hashlib
 import json
 import logging
 import os
 import pathlib
 import shutil
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -84,6 +95,7 @@ RECORDS_PER_SHARD = 1_000_000
 _READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 _WRITER_OPTIONS = "group_size:1"
 _CHUNK = 4096  # pairs tokenized per call
+_WRITER_LOCK = "writer.lock"  # inside a partial folder: held by its writer while it writes
 
 _log = logging.getLogger(__name__)
 
@@ -122,6 +134,17 @@ def tokenizer_key(tokenizer: Any, langs: tuple[str | None, str | None] = (None, 
   else:
     digest.update(tokenizer.to_bytes())
   return digest.hexdigest()[:16]
+
+
+def ids_settings(data_config: DataConfig) -> dict[str, Any]:
+  """The settings besides the tokenizer, corpus, split and languages that change the ids."""
+  return {"empty_lines": data_config.empty_lines}
+
+
+def ids_key(tokenizer_digest: str, settings: dict[str, Any]) -> str:
+  """The folder's ``key``: 16 hex digits of ``tokenizer_key(...)`` and ``ids_settings``."""
+  text = f"{tokenizer_digest} {json.dumps(settings, sort_keys=True)}"
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -296,35 +319,170 @@ class IdsLocation:
   directory: pathlib.Path
   corpus: str
   split: str
-  key: str
+  key: str  # the folder's name: ids_key(tokenizer_key, settings)
   langs: tuple[str | None, str | None]
+  tokenizer_key: str
+  settings: dict[str, Any]  # ids_settings
 
   def meta(self, tokenizer: Any, data_config: DataConfig) -> dict[str, Any]:
     return {"corpus": self.corpus, "split": self.split, "source_lang": data_config.source_lang,
-            "target_lang": data_config.target_lang, "tokenizer_key": self.key,
-            "tokenizer": repr(tokenizer), "language_codes": list(self.langs),
-            "vocab_size": _vocab_size(tokenizer), "dtype": id_dtype(_vocab_size(tokenizer)).str}
+            "target_lang": data_config.target_lang, "tokenizer_key": self.tokenizer_key,
+            "settings": self.settings, "tokenizer": repr(tokenizer),
+            "language_codes": list(self.langs), "vocab_size": _vocab_size(tokenizer),
+            "dtype": id_dtype(_vocab_size(tokenizer)).str}
 
 
 def ids_location(data_config: DataConfig, tokenizer: Any, split: str | None = None) -> IdsLocation:
-  """The folder of ``split``'s ids for this corpus and tokenizer (it may not exist yet)."""
+  """The folder of ``split``'s ids for this corpus, tokenizer and settings (it may not exist yet)."""
   from seq2seq_jax.data.builders import resolve_data_dir
   split = split or data_config.train_split
   langs = languages(data_config, tokenizer)
-  key = tokenizer_key(tokenizer, langs)
+  tokenizer_digest = tokenizer_key(tokenizer, langs)
+  settings = ids_settings(data_config)
+  key = ids_key(tokenizer_digest, settings)
   corpus = corpus_name(data_config, split)
   directory = (pathlib.Path(resolve_data_dir(data_config)) / "ids" / corpus
                / f"{data_config.source_lang}-{data_config.target_lang}" / split / key)
-  return IdsLocation(directory=directory, corpus=corpus, split=split, key=key, langs=langs)
+  return IdsLocation(directory=directory, corpus=corpus, split=split, key=key, langs=langs,
+                     tokenizer_key=tokenizer_digest, settings=settings)
+
+
+# ------------------------------------------------------------------------------------------------
+# Folders under construction: one lock per folder, one per writer, and the rename at the end.
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a+") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ids_lock(directory: str | os.PathLike):
+  """The lock of a prepared folder (``{key}.lock`` beside it), a context manager: held while
+  a writer starts, cleans up after others, and publishes."""
+  directory = pathlib.Path(directory)
+  return _file_lock(directory.with_name(directory.name + ".lock"))
+
+
+def writer_tag() -> str:
+  """``host-pid-random``: a temporary name no other host, process or call uses."""
+  return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _writer_gone(partial: pathlib.Path) -> bool:
+  """Whether nobody holds ``partial``'s writer lock (a folder without one has no writer)."""
+  with open(partial / _WRITER_LOCK, "a+") as handle:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return False
+    fcntl.flock(handle, fcntl.LOCK_UN)
+    return True
+
+
+def _size_mb(folder: pathlib.Path) -> float:
+  return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
+
+
+def remove_abandoned(directory: str | os.PathLike) -> list[pathlib.Path]:
+  """Removes the partial folders of ``directory`` whose writer is gone, and logs each.
+
+  A writer that still writes holds its ``writer.lock``, and its folder stays. Takes
+  ``ids_lock(directory)`` when there is a partial folder to look at.
+
+  Returns:
+    The folders removed.
+  """
+  directory = pathlib.Path(directory)
+  if not directory.parent.is_dir() or not any(
+      directory.parent.glob(f"{directory.name}.partial-*")):
+    return []
+  with ids_lock(directory):
+    return _remove_abandoned(directory)
+
+
+def _remove_abandoned(directory: pathlib.Path) -> list[pathlib.Path]:
+  """``remove_abandoned`` for a caller that holds ``ids_lock(directory)``."""
+  removed = []
+  for partial in sorted(directory.parent.glob(f"{directory.name}.partial-*")):
+    if not partial.is_dir() or not _writer_gone(partial):
+      continue
+    size = _size_mb(partial)
+    shutil.rmtree(partial, ignore_errors=True)
+    _log.warning("removed %s (%.1f MB): an unfinished folder of token ids whose writer stopped "
+                 "before it finished (killed or preempted)", partial, size)
+    removed.append(partial)
+  return removed
+
+
+def start_partial(directory: str | os.PathLike, prefix: str = "") -> tuple[pathlib.Path, IO]:
+  """A new temporary folder for ``directory``'s ids, and its writer lock, held.
+
+  The caller holds ``ids_lock(directory)``; the abandoned partial folders of
+  ``directory`` are removed first (as ``remove_abandoned`` does). Close the returned
+  handle when the writing ends (``publish`` does not): the folder counts as
+  abandoned from then on, or from the moment this process dies.
+
+  Args:
+    directory: the finished folder the ids will have.
+    prefix: goes before ``writer_tag()`` in the name (``"beam-"`` for Beam).
+
+  Returns:
+    ``(temporary, lock)``: ``{directory}.partial-{prefix}{host}-{pid}-{random}`` and
+    the open file whose ``flock`` marks it as written.
+  """
+  directory = pathlib.Path(directory)
+  _remove_abandoned(directory)
+  temporary = directory.with_name(f"{directory.name}.partial-{prefix}{writer_tag()}")
+  temporary.mkdir(parents=True)
+  handle = open(temporary / _WRITER_LOCK, "a+")
+  fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  return temporary, handle
+
+
+def publish(temporary: str | os.PathLike, directory: str | os.PathLike) -> bool:
+  """Renames a finished ``temporary`` folder to ``directory``; the caller holds ``ids_lock``.
+
+  An unfinished ``directory`` (no ``meta.json``) is replaced; a finished one is kept
+  and ``temporary`` removed (another writer finished the same ids first).
+
+  Returns:
+    Whether ``temporary`` became ``directory``.
+  """
+  temporary, directory = pathlib.Path(temporary), pathlib.Path(directory)
+  (temporary / _WRITER_LOCK).unlink(missing_ok=True)
+  if (directory / "meta.json").exists():
+    _log.warning("%s was finished by another writer meanwhile; keeping it", directory)
+    shutil.rmtree(temporary)
+    return False
+  if directory.exists():  # no meta.json: never finished (a copy cut short, say)
+    shutil.rmtree(directory)
+  temporary.rename(directory)
+  return True
 
 
 def _write_local(location: IdsLocation, data_config: DataConfig, tokenizer: Any, *,
                  records_per_shard: int) -> None:
-  """Tokenizes the split in this process into a temporary folder, then renames it."""
+  """Tokenizes the split in this process into a temporary folder, then renames it; the caller
+  holds ``ids_lock``. A failed write removes its folder; a killed one is removed by the next."""
+  temporary, writer_lock = start_partial(location.directory)
+  try:
+    _write_ids(temporary, location, data_config, tokenizer, records_per_shard=records_per_shard)
+    publish(temporary, location.directory)
+  finally:
+    writer_lock.close()
+    shutil.rmtree(temporary, ignore_errors=True)  # gone already unless the write failed
+
+
+def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: DataConfig,
+               tokenizer: Any, *, records_per_shard: int) -> None:
+  """The shards, index and ``meta.json`` of the split, written into ``temporary``."""
   dtype = id_dtype(_vocab_size(tokenizer))
-  temporary = location.directory.with_name(f"{location.directory.name}.partial-{os.getpid()}")
-  shutil.rmtree(temporary, ignore_errors=True)
-  temporary.mkdir(parents=True)
   start = time.perf_counter()
   shard_lengths: list[np.ndarray] = []
   shard_lines: list[list[np.ndarray]] = []
@@ -358,23 +516,9 @@ def _write_local(location: IdsLocation, data_config: DataConfig, tokenizer: Any,
                  "'drop')", counts["empty_dropped"], counts["lines"], location.corpus,
                  location.split)
   finalize(temporary, shard_lengths=shard_lengths, shard_lines=lines, meta=meta)
-  if location.directory.exists():  # an unfinished folder left by a crashed writer
-    shutil.rmtree(location.directory)
-  temporary.rename(location.directory)
   total = sum(len(x) for x in shard_lengths)
   _log.info("prepared %d pairs of %s:%s as ids in %s (%.1f s)", total, location.corpus,
             location.split, location.directory, time.perf_counter() - start)
-
-
-@contextlib.contextmanager
-def _file_lock(path: pathlib.Path):
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "a+") as handle:
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def prepare_ids(data_config: DataConfig, tokenizer: Any, *, split: str | None = None,
@@ -399,22 +543,29 @@ def prepare_ids(data_config: DataConfig, tokenizer: Any, *, split: str | None = 
   """
   location = ids_location(data_config, tokenizer, split)
   meta_path = location.directory / "meta.json"
-  if not meta_path.exists():
-    if writer:
-      with _file_lock(location.directory.with_name(location.directory.name + ".lock")):
+  if writer:
+    if not meta_path.exists():
+      with ids_lock(location.directory):
         if not meta_path.exists():  # another local process may have finished it meanwhile
           _write_local(location, data_config, tokenizer, records_per_shard=records_per_shard)
-    else:
-      deadline = time.monotonic() + wait_s
-      while not meta_path.exists():
-        if time.monotonic() > deadline:
-          raise PreparedDataError(
-              f"waited {wait_s:.0f} s for the token ids of {location.corpus}:{location.split} in "
-              f"{location.directory}, which the writing process (process 0) prepares: check its "
-              "log, or prepare them before the run with `seq2seq-jax prepare --tokenizer PATH` "
-              "(or the Beam pipeline, seq2seq_jax.data.beam)")
-        time.sleep(min(2.0, max(0.05, wait_s / 100)))
-  return PreparedIds.open(location.directory, expected_key=location.key)
+    remove_abandoned(location.directory)  # a killed writer's, when another finished the ids
+  else:
+    deadline = time.monotonic() + wait_s
+    while not meta_path.exists():
+      if time.monotonic() > deadline:
+        raise PreparedDataError(
+            f"waited {wait_s:.0f} s for the token ids of {location.corpus}:{location.split} in "
+            f"{location.directory}, which the writing process (process 0) prepares: check its "
+            "log, or prepare them before the run with `seq2seq-jax prepare --tokenizer PATH` "
+            "(or the Beam pipeline, seq2seq_jax.data.beam)")
+      time.sleep(min(2.0, max(0.05, wait_s / 100)))
+  return open_location(location)
+
+
+def open_location(location: IdsLocation) -> PreparedIds:
+  """The finished folder of ``location``, checked to hold its tokenizer's and settings' ids."""
+  return PreparedIds.open(location.directory, expected_key=location.tokenizer_key,
+                          expected_settings=location.settings)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -445,8 +596,19 @@ class PreparedIds:
     self._local = threading.local()
 
   @classmethod
-  def open(cls, directory: str | os.PathLike, *, expected_key: str | None = None) -> PreparedIds:
-    """Opens a finished folder (reads ``meta.json`` and ``index.npy``, not the shards)."""
+  def open(cls, directory: str | os.PathLike, *, expected_key: str | None = None,
+           expected_settings: dict[str, Any] | None = None) -> PreparedIds:
+    """Opens a finished folder (reads ``meta.json`` and ``index.npy``, not the shards).
+
+    Args:
+      directory: the folder.
+      expected_key: the ``tokenizer_key`` it must have been written with.
+      expected_settings: the ``ids_settings`` it must have been written with.
+
+    Raises:
+      PreparedDataError: the folder is unfinished, of another format, tokenizer or
+        settings, or its index is unreadable (the message names the file and the fix).
+    """
     directory = pathlib.Path(directory)
     meta_path = directory / "meta.json"
     if not meta_path.exists():
@@ -460,6 +622,12 @@ class PreparedIds:
     if expected_key is not None and meta.get("tokenizer_key") != expected_key:
       raise PreparedDataError(f"{meta_path} was written with tokenizer {meta.get('tokenizer_key')},"
                               f" not {expected_key}: {fix}")
+    if expected_settings is not None:
+      written = meta.get("settings", {})
+      for name, value in expected_settings.items():
+        if written.get(name) != value:
+          raise PreparedDataError(f"{meta_path} was written with DataConfig.{name}="
+                                  f"{written.get(name)!r}, this run has {value!r}: {fix}")
     try:
       index_N3 = np.load(directory / "index.npy")
     except (OSError, ValueError) as e:
@@ -559,9 +727,3 @@ class PreparedIds:
       targets.append(flat[offset + s:offset + s + t])
       offset += s + t
     return sources, targets
-
-
-def list_prepared(data_dir: str | os.PathLike) -> list[pathlib.Path]:
-  """Every finished ids folder under ``data_dir`` (for ``seq2seq-jax prepare --list``)."""
-  return sorted(pathlib.Path(p).parent for p in glob.glob(
-      os.path.join(os.fspath(data_dir), "ids", "**", "meta.json"), recursive=True))

@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -19,12 +20,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from seq2seq_jax.layers import fused_attention
 from seq2seq_jax.layers.dropout import dropout
 from seq2seq_jax.layers.partitioning import BATCH, HEADS, KV, LENGTH, constrain
 from seq2seq_jax.platforms import on_cpu
 from seq2seq_jax.types import NEG_INF, PAD_ID, Array
-
-_IMPLEMENTATIONS = (None, "einsum", "xla", "cudnn")
 
 _ONE_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "seq2seq_jax_cache_reads_in_one_block", default=False)
@@ -116,6 +116,66 @@ def combine_masks(*masks: Array | None) -> Array | None:
   return functools.reduce(jnp.logical_and, present)
 
 
+@flax.struct.dataclass
+class AttentionMask:
+  """Which keys each query may attend, in the form fused kernels take.
+
+  Query ``t`` of row ``b`` may attend key ``s`` when all of these hold:
+
+  * ``key_valid[b, s]`` (None: every key is valid);
+  * packed rows: ``query_segment_ids[b, t] == key_segment_ids[b, s]`` and the key's
+    segment is not 0 (padding);
+  * ``causal``: ``s <= t``.
+
+  A query with no allowed key gets uniform weights from the einsums (finite); its
+  output is never used (it is padding), and kernels may give it another finite value.
+
+  Attributes:
+    key_valid: bool ``[B, S]`` or None.
+    query_segment_ids: int ``[B, T]`` or None (then ``key_segment_ids`` is None too).
+    key_segment_ids: int ``[B, S]`` or None.
+    causal: static; a query attends no later key.
+
+  Example:
+    >>> mask = AttentionMask(key_valid=jnp.array([[True, True, False]]), causal=True)
+    >>> mask.dense(batch=1, queries=3)[0, 0].astype(int)
+    Array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 0]], dtype=int32)
+  """
+
+  key_valid: Array | None = None
+  query_segment_ids: Array | None = None
+  key_segment_ids: Array | None = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def __post_init__(self):
+    if (self.query_segment_ids is None) != (self.key_segment_ids is None):
+      raise ValueError("AttentionMask: query_segment_ids and key_segment_ids go together "
+                       "(packed rows); give both or neither")
+
+  @property
+  def packed(self) -> bool:
+    return self.query_segment_ids is not None
+
+  def dense(self, *, batch: int, queries: int, causal: bool | None = None) -> Array | None:
+    """The mask as the einsums take it: bool ``[B or 1, 1, T or 1, S]``, or None if nothing is masked.
+
+    The parts are combined as the models always built them: key padding
+    ``[B, 1, 1, S]``, then the causal ``[B, 1, T, T]``, then the segments ``[B, 1, T, S]``.
+    ``causal=False`` leaves causality out (for a kernel that applies it itself).
+    """
+    parts = []
+    if self.key_valid is not None:
+      parts.append(self.key_valid[:, None, None, :])
+    if self.causal if causal is None else causal:
+      causal_TT = jnp.tril(jnp.ones((queries, queries), dtype=bool))
+      parts.append(jnp.broadcast_to(causal_TT[None, None], (batch, 1, queries, queries)))
+    if self.query_segment_ids is not None and self.key_segment_ids is not None:
+      parts.append(make_segment_mask(self.query_segment_ids, self.key_segment_ids))
+    return functools.reduce(jnp.logical_and, parts) if parts else None
+
+
 def _check_mask(mask: Array, batch: int, heads: int, queries: int, keys: int) -> None:
   if mask.ndim != 4 or mask.dtype != jnp.bool_:
     raise ValueError(f"attention mask must be bool [B, 1 or H, T, S]; got {mask.dtype} {mask.shape}")
@@ -125,19 +185,21 @@ def _check_mask(mask: Array, batch: int, heads: int, queries: int, keys: int) ->
                        f"(mask {mask.shape} against B={batch} H={heads} T={queries} S={keys})")
 
 
-def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Array | None = None,
-                          *, dropout_rng: jax.Array | None = None, dropout_rate: float = 0.0,
+def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array,
+                          mask: Array | AttentionMask | None = None, *,
+                          dropout_rng: jax.Array | None = None, dropout_rate: float = 0.0,
                           deterministic: bool = True, return_weights: bool = False,
                           implementation: str | None = None, bias: Array | None = None,
                           scale: float | None = None) -> Array | tuple[Array, Array]:
-  """softmax(Q K^T / sqrt(K) + bias + mask) V, as einsums.
+  """softmax(Q K^T / sqrt(K) + bias + mask) V, as einsums or through a fused kernel.
 
   Args:
     q_BTHK: queries.
     k_BSHK: keys.
     v_BSHK: values.
-    mask: bool ``[B, 1 or H, T or 1, S]``, True = may attend. A query row with no
-      allowed key gets uniform weights (finite), never NaN.
+    mask: bool ``[B, 1 or H, T or 1, S]``, True = may attend, or an ``AttentionMask``
+      (padding, packed rows' segments, causality: the form fused kernels take). A
+      query row with no allowed key gets uniform weights (finite), never NaN.
     bias: optional float ``[B or 1, H or 1, T, S]`` added to the scores before the
       mask (T5's relative position bias), in float32.
     scale: what the scores are multiplied by; None is ``1 / sqrt(K)`` (T5: 1.0).
@@ -145,12 +207,11 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
     dropout_rate: probability of dropping a weight.
     deterministic: no dropout when True.
     return_weights: also return the attention weights.
-    implementation: None or "einsum" for the einsums here; "xla" or "cudnn" route
-      to ``jax.nn.dot_product_attention`` (fused kernels) when no dropout and no
-      weights are needed, and fall back to the einsums otherwise. "xla" applies
-      any boolean mask as given (a packed row's segment mask included, tested
-      against the einsums); the models refuse packed rows with "cudnn", whose
-      fused kernel's handling of such a mask is not verified here.
+    implementation: one of ``layers.fused_attention.IMPLEMENTATIONS``; None is
+      "einsum", the einsums here. "xla", "cudnn", "splash" and "auto" reach a
+      fused kernel when the call allows one (no weights asked, no dropout; "cudnn"
+      and "splash" also no bias, and an ``AttentionMask`` rather than a dense
+      mask), and otherwise fall back to the einsums, saying why once in the log.
 
   Returns:
     ``out_BTHK``, or ``(out_BTHK, weights_BHTS)`` with ``return_weights=True``.
@@ -160,22 +221,36 @@ def dot_product_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Arr
     >>> dot_product_attention(q, k, v).shape
     (2, 3, 4, 8)
   """
-  if implementation not in _IMPLEMENTATIONS:
-    raise ValueError(f"implementation={implementation!r}: must be one of {_IMPLEMENTATIONS}")
+  if implementation is not None and implementation not in fused_attention.IMPLEMENTATIONS:
+    raise ValueError(f"implementation={implementation!r}: must be one of "
+                     f"{fused_attention.IMPLEMENTATIONS} (or None, the einsums)")
   batch, queries, heads, width = q_BTHK.shape
   if k_BSHK.shape != v_BSHK.shape or k_BSHK.shape[0] != batch or k_BSHK.shape[2:] != (heads, width):
     raise ValueError(f"shapes do not line up: q {q_BTHK.shape} [B, T, H, K], "
                      f"k {k_BSHK.shape} and v {v_BSHK.shape} [B, S, H, K]")
+  use_dropout = not deterministic and dropout_rate > 0.0
+  chosen = fused_attention.resolve(implementation or "einsum")
+  if chosen != "einsum":
+    why = fused_attention.refusal(chosen, q_BTHK, k_BSHK, bias=bias, use_dropout=use_dropout,
+                                  return_weights=return_weights)
+    if why is None and chosen != "xla" and mask is not None and not isinstance(
+        mask, AttentionMask):
+      why = "the mask is a dense array (the kernel takes an AttentionMask)"
+    if why is None:
+      scale = 1.0 / math.sqrt(width) if scale is None else scale
+      if mask is None or isinstance(mask, AttentionMask):
+        return fused_attention.fused_attention(q_BTHK, k_BSHK, v_BSHK, mask,
+                                               implementation=chosen, bias=bias, scale=scale)
+      dense_BHTS = jnp.broadcast_to(mask, (batch, mask.shape[1], queries, k_BSHK.shape[1]))
+      return jax.nn.dot_product_attention(  # "xla" with a dense mask, as it is
+          q_BTHK, k_BSHK, v_BSHK, mask=dense_BHTS, implementation="xla", scale=scale,
+          bias=None if bias is None else bias.astype(q_BTHK.dtype))
+    fused_attention.say_once(f"attention_impl {implementation!r} ({chosen}): this call runs the "
+                             f"einsums, because {why}")
+  if isinstance(mask, AttentionMask):
+    mask = mask.dense(batch=batch, queries=queries)
   if mask is not None:
     _check_mask(mask, batch, heads, queries, k_BSHK.shape[1])
-  use_dropout = not deterministic and dropout_rate > 0.0
-  if implementation in ("xla", "cudnn") and not use_dropout and not return_weights:
-    if mask is not None:
-      mask = jnp.broadcast_to(mask, (batch, mask.shape[1], queries, k_BSHK.shape[1]))
-    fused: Literal["xla", "cudnn"] = "cudnn" if implementation == "cudnn" else "xla"
-    return jax.nn.dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask=mask, implementation=fused,
-                                        bias=None if bias is None else bias.astype(q_BTHK.dtype),
-                                        scale=scale)
 
   dtype = q_BTHK.dtype
   if scale is None:
@@ -223,7 +298,7 @@ class MultiHeadAttention(nn.Module):
   out_dim: int
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
-  implementation: str | None = None
+  implementation: str | None = None  # see dot_product_attention; None: the einsums
   kernel_init: Any = nn.initializers.xavier_uniform()
   use_bias: bool = True  # biases on the four projections (T5 has none)
   scale_queries: bool = True  # scores / sqrt(K); False: unscaled, as T5 (its init absorbs it)
@@ -237,6 +312,13 @@ class MultiHeadAttention(nn.Module):
     self.value = dense(name="value")
     self.out = nn.DenseGeneral(features=self.out_dim, axis=(-2, -1), dtype=self.dtype,
                                kernel_init=self.kernel_init, use_bias=self.use_bias, name="out")
+
+  def _note_decoding(self) -> None:
+    """A decoding step reads the cache with the einsums here, whatever the choice: says so once."""
+    if self.implementation not in (None, "einsum"):
+      fused_attention.say_once(
+          f"attention_impl {self.implementation!r}: decoding steps (one query against the KV "
+          "cache) run the library's blocked cache read (einsums), not a fused kernel")
 
   def _scaled(self, q: Array) -> Array:
     """Queries as the scores need them: / sqrt(K), or as they are without scaling."""
@@ -268,7 +350,8 @@ class MultiHeadAttention(nn.Module):
     k_BSHK, v_BSHK = self._project(inputs_kv_BSD, ("key", "value"))
     return k_BSHK, v_BSHK
 
-  def attend(self, inputs_q_BTD: Array, k_BSHK: Array, v_BSHK: Array, mask: Array | None, *,
+  def attend(self, inputs_q_BTD: Array, k_BSHK: Array, v_BSHK: Array,
+             mask: Array | AttentionMask | None, *,
              deterministic: bool = True, return_weights: bool = False,
              q_BTHK: Array | None = None, bias: Array | None = None):
     """Attends from ``inputs_q`` to already projected keys and values.
@@ -284,7 +367,9 @@ class MultiHeadAttention(nn.Module):
         q_BTHK, k_BSHK.astype(q_BTHK.dtype), v_BSHK.astype(q_BTHK.dtype), mask,
         dropout_rng=self.make_rng("dropout") if use_dropout else None,
         dropout_rate=self.dropout_rate, deterministic=deterministic,
-        return_weights=return_weights, implementation=self.implementation, bias=bias,
+        return_weights=return_weights, bias=bias,
+        # init only creates parameters: the einsums, whatever platform it is traced for
+        implementation=None if self.is_initializing() else self.implementation,
         scale=None if self.scale_queries else 1.0)
     if return_weights:
       out_BTHK, weights_BHTS = result
@@ -301,6 +386,7 @@ class MultiHeadAttention(nn.Module):
     contractions read it as it lies, so a step copies none of it. ``valid_BS`` is
     True where a key may be attended. No dropout (decoding is deterministic).
     """
+    self._note_decoding()
     q_BHK = self._scaled(self.query(inputs_q_B1D)[:, 0])
     dtype = q_BHK.dtype
     logits_BHS = jnp.einsum("BHK,BHKS->BHS", q_BHK, k_BHKS.astype(dtype),
@@ -310,7 +396,8 @@ class MultiHeadAttention(nn.Module):
     out_BHK = jnp.einsum("BHKS,BHS->BHK", v_BHKS.astype(dtype), weights_BHS)
     return self.out(out_BHK[:, None])
 
-  def __call__(self, inputs_q_BTD: Array, inputs_kv_BSD: Array, mask: Array | None = None, *,
+  def __call__(self, inputs_q_BTD: Array, inputs_kv_BSD: Array,
+               mask: Array | AttentionMask | None = None, *,
                deterministic: bool = True, return_weights: bool = False,
                bias: Array | None = None):
     """Returns ``out_BTD``, or ``(out_BTD, weights_BHTS)`` with ``return_weights``.
@@ -341,6 +428,7 @@ class MultiHeadAttention(nn.Module):
     Returns:
       ``(out_B1D, cache)`` with position ``index`` filled in.
     """
+    self._note_decoding()
     q_B1HK, k_B1HK, v_B1HK = self._project(inputs_q_B1D, ("query", "key", "value"))
     cache = cache.write(k_B1HK[:, 0], v_B1HK[:, 0], index, layer)
     out_BHK = cache.attend(self._scaled(q_B1HK[:, 0]), index, layer, block_size=block_size,

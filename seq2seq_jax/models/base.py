@@ -94,3 +94,8 @@ def check_packing(tokens_BT: Array, segment_ids: Array | None, positions: Array 
       raise ValueError(f"the {name} of packed {what} must be integers shaped like the tokens "
                        f"{tokens_BT.shape}; got {value.dtype} {value.shape}")
   return True
+
+
+def with_weights(result: Any, return_weights: bool) -> tuple[Array, Array | None]:
+  """``(out, weights)`` of an attention call made with ``return_weights`` (weights None without)."""
+  return result if return_weights else (result, None)

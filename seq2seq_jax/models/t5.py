@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq_jax.configs import T5Config, compute_dtype
-from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
-                                          make_padding_mask, make_segment_mask)
+from seq2seq_jax.layers.attention import AttentionMask, KVCache, MultiHeadAttention
 from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import TokenEmbedding, VocabProjection
 from seq2seq_jax.layers.feedforward import FeedForward
@@ -38,7 +37,7 @@ from seq2seq_jax.layers.normalization import RMSNorm
 from seq2seq_jax.layers.partitioning import (BATCH, EMBED, HEADS, KV, LENGTH, VOCAB,
                                              constrain)
 from seq2seq_jax.layers.relative_position import RelativePositionBias
-from seq2seq_jax.models.base import check_decode_len, check_packing, shift_right
+from seq2seq_jax.models.base import check_decode_len, check_packing, shift_right, with_weights
 from seq2seq_jax.types import Array, PyTree
 
 
@@ -46,7 +45,7 @@ def _attention(config: T5Config, name: str) -> MultiHeadAttention:
   return MultiHeadAttention(
       num_heads=config.num_heads, head_dim=config.head_dim, out_dim=config.model_dim,
       dropout_rate=config.dropout_rate, dtype=compute_dtype(config.dtype), use_bias=False,
-      scale_queries=False, name=name)
+      scale_queries=False, implementation=config.attention_impl, name=name)
 
 
 def _norm(config: T5Config, name: str | None = None) -> RMSNorm:
@@ -77,11 +76,13 @@ class T5EncoderLayer(nn.Module):
     self.feed_forward_norm = _norm(c)
     self.dropout = Dropout(c.dropout_rate)
 
-  def __call__(self, x_BSD: Array, mask_B1SS: Array, bias_1HSS: Array, *, deterministic: bool):
-    """Returns ``(x_BSD, weights_BHSS)``; ``mask_B1SS`` may be ``[B, 1, 1, S]`` (padding only)."""
+  def __call__(self, x_BSD: Array, mask: AttentionMask, bias_1HSS: Array, *, deterministic: bool,
+               return_weights: bool = False):
+    """Returns ``(x_BSD, weights_BHSS)``, the weights None unless ``return_weights``."""
     h_BSD = self.self_norm(x_BSD)
-    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B1SS, bias=bias_1HSS,
-                                              deterministic=deterministic, return_weights=True)
+    h_BSD, weights_BHSS = with_weights(self.self_attention(
+        h_BSD, h_BSD, mask, bias=bias_1HSS, deterministic=deterministic,
+        return_weights=return_weights), return_weights)
     x_BSD = x_BSD + self.dropout(h_BSD, deterministic=deterministic)
     h_BSD = self.feed_forward(self.feed_forward_norm(x_BSD), deterministic=deterministic)
     return x_BSD + self.dropout(h_BSD, deterministic=deterministic), weights_BHSS
@@ -112,20 +113,20 @@ class T5DecoderLayer(nn.Module):
     h_BTD = self.feed_forward(self.feed_forward_norm(y_BTD), deterministic=deterministic)
     return y_BTD + self.dropout(h_BTD, deterministic=deterministic)
 
-  def __call__(self, y_BTD: Array, causal_B1TT: Array, bias_1HTT: Array, cross_k_BHKS: Array,
-               cross_v_BHKS: Array, cross_mask_B1TS: Array, *, deterministic: bool):
-    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``.
-
-    ``cross_mask_B1TS`` may be ``[B, 1, 1, S]`` (the source's padding only).
-    """
+  def __call__(self, y_BTD: Array, self_mask: AttentionMask, bias_1HTT: Array,
+               cross_k_BHKS: Array, cross_v_BHKS: Array, cross_mask: AttentionMask, *,
+               deterministic: bool, return_weights: bool = False):
+    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``, the weights None unless
+    ``return_weights``."""
     h_BTD = self.self_norm(y_BTD)
-    h_BTD, self_BHTT = self.self_attention(h_BTD, h_BTD, causal_B1TT, bias=bias_1HTT,
-                                           deterministic=deterministic, return_weights=True)
+    h_BTD, self_BHTT = with_weights(self.self_attention(
+        h_BTD, h_BTD, self_mask, bias=bias_1HTT, deterministic=deterministic,
+        return_weights=return_weights), return_weights)
     y_BTD = y_BTD + self.dropout(h_BTD, deterministic=deterministic)
     to_BSHK = lambda x: jnp.transpose(x, (0, 3, 1, 2))
-    h_BTD, cross_BHTS = self.cross_attention.attend(
-        self.cross_norm(y_BTD), to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B1TS,
-        deterministic=deterministic, return_weights=True)
+    h_BTD, cross_BHTS = with_weights(self.cross_attention.attend(
+        self.cross_norm(y_BTD), to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask,
+        deterministic=deterministic, return_weights=return_weights), return_weights)
     y_BTD = y_BTD + self.dropout(h_BTD, deterministic=deterministic)
     return self._feed_forward(y_BTD, deterministic), self_BHTT, cross_BHTS
 
@@ -198,20 +199,21 @@ class T5(nn.Module):
     """
     self._check_tokens(inputs_BS, "inputs")
     check_packing(inputs_BS, segment_ids, positions, "inputs")
-    mask_B1SS = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
-    if segment_ids is not None:  # packed (check_packing: positions too)
-      mask_B1SS = jnp.logical_and(mask_B1SS, make_segment_mask(segment_ids, segment_ids))
+    source_valid_BS = inputs_BS != self.config.pad_id
+    mask = AttentionMask(key_valid=source_valid_BS, query_segment_ids=segment_ids,
+                         key_segment_ids=segment_ids)
     length = inputs_BS.shape[1]
     bias_1HSS = self.encoder_position_bias(length, length)
     x_BSD = _rows(self.dropout(self.embedding(inputs_BS), deterministic=deterministic))
     weights = []
     for layer in self.encoder_layers:
-      x_BSD, weights_BHSS = layer(x_BSD, mask_B1SS, bias_1HSS, deterministic=deterministic)
+      x_BSD, weights_BHSS = layer(x_BSD, mask, bias_1HSS, deterministic=deterministic,
+                                  return_weights=return_attention)
       x_BSD = _rows(x_BSD)
       weights.append(weights_BHSS)
     x_BSD = self.dropout(self.encoder_norm(x_BSD), deterministic=deterministic)
     keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
-    memory = {"encoded": x_BSD, "source_valid": inputs_BS != self.config.pad_id,
+    memory = {"encoded": x_BSD, "source_valid": source_valid_BS,
               "cross_key": tuple(keys), "cross_value": tuple(values)}
     if segment_ids is not None:
       memory["source_segment_ids"] = segment_ids
@@ -245,12 +247,10 @@ class T5(nn.Module):
                        "inputs packed targets: pass segment ids and positions to both or neither")
     decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id,
                                     segment_ids_BT=segment_ids)
-    causal_B1TT = make_causal_mask(decoder_inputs_BT)
-    cross_mask_B1TS = memory["source_valid"][:, None, None, :]
-    if segment_ids is not None:
-      causal_B1TT = jnp.logical_and(causal_B1TT, make_segment_mask(segment_ids, segment_ids))
-      cross_mask_B1TS = jnp.logical_and(
-          cross_mask_B1TS, make_segment_mask(segment_ids, memory["source_segment_ids"]))
+    self_mask = AttentionMask(query_segment_ids=segment_ids, key_segment_ids=segment_ids,
+                              causal=True)
+    cross_mask = AttentionMask(key_valid=memory["source_valid"], query_segment_ids=segment_ids,
+                               key_segment_ids=memory.get("source_segment_ids"))
     length = targets_BT.shape[1]
     bias_1HTT = self.decoder_position_bias(length, length)
     y_BTD = self.embedding(decoder_inputs_BT)
@@ -258,8 +258,8 @@ class T5(nn.Module):
     self_weights, cross_weights = [], []
     for i, layer in enumerate(self.decoder_layers):
       y_BTD, self_BHTT, cross_BHTS = layer(
-          y_BTD, causal_B1TT, bias_1HTT, memory["cross_key"][i], memory["cross_value"][i],
-          cross_mask_B1TS, deterministic=deterministic)
+          y_BTD, self_mask, bias_1HTT, memory["cross_key"][i], memory["cross_value"][i],
+          cross_mask, deterministic=deterministic, return_weights=return_attention)
       y_BTD = _rows(y_BTD)
       self_weights.append(self_BHTT)
       cross_weights.append(cross_BHTS)

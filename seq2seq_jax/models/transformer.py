@@ -27,14 +27,13 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq_jax.configs import StackShape, TransformerConfig, compute_dtype
-from seq2seq_jax.layers.attention import (KVCache, MultiHeadAttention, make_causal_mask,
-                                          make_padding_mask, make_segment_mask)
+from seq2seq_jax.layers.attention import AttentionMask, KVCache, MultiHeadAttention
 from seq2seq_jax.layers.dropout import Dropout
 from seq2seq_jax.layers.embeddings import PositionEmbedding, TokenEmbedding, VocabProjection
 from seq2seq_jax.layers.feedforward import FeedForward
 from seq2seq_jax.layers.partitioning import (BATCH, EMBED, HEADS, KV, LENGTH, VOCAB,
                                              constrain)
-from seq2seq_jax.models.base import check_decode_len, check_packing, shift_right
+from seq2seq_jax.models.base import check_decode_len, check_packing, shift_right, with_weights
 from seq2seq_jax.types import Array, PyTree
 
 
@@ -82,11 +81,13 @@ class EncoderLayer(nn.Module):
     self.attention_residual = _Residual(c)
     self.feed_forward_residual = _Residual(c)
 
-  def __call__(self, x_BSD: Array, mask_B1SS: Array, *, deterministic: bool):
-    """Returns ``(x_BSD, weights_BHSS)``; ``mask_B1SS`` may be ``[B, 1, 1, S]`` (padding only)."""
+  def __call__(self, x_BSD: Array, mask: AttentionMask, *, deterministic: bool,
+               return_weights: bool = False):
+    """Returns ``(x_BSD, weights_BHSS)``, the weights None unless ``return_weights``."""
     h_BSD = self.attention_residual.before(x_BSD)
-    h_BSD, weights_BHSS = self.self_attention(h_BSD, h_BSD, mask_B1SS, deterministic=deterministic,
-                                              return_weights=True)
+    h_BSD, weights_BHSS = with_weights(self.self_attention(
+        h_BSD, h_BSD, mask, deterministic=deterministic, return_weights=return_weights),
+                                       return_weights)
     x_BSD = self.attention_residual.after(x_BSD, h_BSD, deterministic)
     h_BSD = self.feed_forward(self.feed_forward_residual.before(x_BSD), deterministic=deterministic)
     return self.feed_forward_residual.after(x_BSD, h_BSD, deterministic), weights_BHSS
@@ -120,21 +121,21 @@ class DecoderLayer(nn.Module):
     h_BTD = self.feed_forward(self.feed_forward_residual.before(y_BTD), deterministic=deterministic)
     return self.feed_forward_residual.after(y_BTD, h_BTD, deterministic)
 
-  def __call__(self, y_BTD: Array, causal_B1TT: Array, cross_k_BHKS: Array, cross_v_BHKS: Array,
-               cross_mask_B1TS: Array, *, deterministic: bool):
-    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``.
-
-    ``cross_mask_B1TS`` may be ``[B, 1, 1, S]`` (the source's padding only).
-    """
+  def __call__(self, y_BTD: Array, self_mask: AttentionMask, cross_k_BHKS: Array,
+               cross_v_BHKS: Array, cross_mask: AttentionMask, *, deterministic: bool,
+               return_weights: bool = False):
+    """Returns ``(y_BTD, self_weights_BHTT, cross_weights_BHTS)``, the weights None unless
+    ``return_weights``."""
     h_BTD = self.self_residual.before(y_BTD)
-    h_BTD, self_BHTT = self.self_attention(h_BTD, h_BTD, causal_B1TT, deterministic=deterministic,
-                                           return_weights=True)
+    h_BTD, self_BHTT = with_weights(self.self_attention(
+        h_BTD, h_BTD, self_mask, deterministic=deterministic, return_weights=return_weights),
+                                    return_weights)
     y_BTD = self.self_residual.after(y_BTD, h_BTD, deterministic)
     h_BTD = self.cross_residual.before(y_BTD)
     to_BSHK = lambda x: jnp.transpose(x, (0, 3, 1, 2))
-    h_BTD, cross_BHTS = self.cross_attention.attend(
-        h_BTD, to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask_B1TS,
-        deterministic=deterministic, return_weights=True)
+    h_BTD, cross_BHTS = with_weights(self.cross_attention.attend(
+        h_BTD, to_BSHK(cross_k_BHKS), to_BSHK(cross_v_BHKS), cross_mask,
+        deterministic=deterministic, return_weights=return_weights), return_weights)
     y_BTD = self.cross_residual.after(y_BTD, h_BTD, deterministic)
     return self._feed_forward(y_BTD, deterministic), self_BHTT, cross_BHTS
 
@@ -173,8 +174,13 @@ class Transformer(nn.Module):
   vectors are looked up from the positions, and each target segment starts from
   the decoder start id; the memory then also holds ``source_segment_ids`` [B, S].
   A pair's logits are those of the pair alone, up to float rounding.
-  ``attention_impl="cudnn"`` refuses packed rows (the fused kernel's handling of
-  the segment mask is not verified); "xla" and "einsum" honour it.
+
+  Attention (``config.attention_impl``, see ``layers.fused_attention``): the masks
+  go to every layer as ``AttentionMask`` (padding, segments, causality), which the
+  einsums read as a dense mask and a fused kernel (splash, cuDNN) as segment ids
+  or a bias, packed rows included. Weights are computed only for
+  ``return_attention=True``, which runs the einsums; decoding steps read the
+  ``KVCache`` with the library's blocked einsums whatever the choice.
   """
 
   config: TransformerConfig
@@ -215,16 +221,6 @@ class Transformer(nn.Module):
       raise ValueError(f"{what} has length {tokens.shape[1]} > TransformerConfig.max_len="
                        f"{self.config.max_len}; truncate it or raise max_len")
 
-  def _check_packing(self, tokens: Array, segment_ids: Array | None, positions: Array | None,
-                     what: str) -> bool:
-    packed = check_packing(tokens, segment_ids, positions, what)
-    if packed and self.config.attention_impl == "cudnn":
-      raise ValueError("TransformerConfig.attention_impl='cudnn' cannot take packed rows "
-                       "(data.packing): the segment mask through the cuDNN fused kernel is not "
-                       "verified, and a dropped one would silently attend across pairs; use "
-                       "attention_impl='xla' or 'einsum' with packing, or turn packing off")
-    return packed
-
   def encode(self, inputs_BS: Array, *, segment_ids: Array | None = None,
              positions: Array | None = None, deterministic: bool = True,
              return_attention: bool = False):
@@ -235,23 +231,24 @@ class Transformer(nn.Module):
     ``(memory, weights_LBHSS)``.
     """
     self._check_tokens(inputs_BS, "inputs")
-    self._check_packing(inputs_BS, segment_ids, positions, "inputs")
-    mask_B1SS = make_padding_mask(inputs_BS, pad_id=self.config.pad_id)
-    if segment_ids is not None:  # packed (check_packing: positions too)
-      mask_B1SS = jnp.logical_and(mask_B1SS, make_segment_mask(segment_ids, segment_ids))
+    check_packing(inputs_BS, segment_ids, positions, "inputs")
+    source_valid_BS = inputs_BS != self.config.pad_id
+    mask = AttentionMask(key_valid=source_valid_BS, query_segment_ids=segment_ids,
+                         key_segment_ids=segment_ids)
     x_BSD = self.source_positions(self.source_embedding(inputs_BS), positions_BT=positions)
     if self.config.embedding_norm:
       x_BSD = self.encoder_embedding_norm(x_BSD)
     x_BSD = _rows(self.dropout(x_BSD, deterministic=deterministic))
     weights = []
     for layer in self.encoder_layers:
-      x_BSD, weights_BHSS = layer(x_BSD, mask_B1SS, deterministic=deterministic)
+      x_BSD, weights_BHSS = layer(x_BSD, mask, deterministic=deterministic,
+                                  return_weights=return_attention)
       x_BSD = _rows(x_BSD)
       weights.append(weights_BHSS)
     if self.config.norm == "pre":
       x_BSD = self.encoder_norm(x_BSD)
     keys, values = zip(*(layer.cross_kv(x_BSD) for layer in self.decoder_layers))
-    memory = {"encoded": x_BSD, "source_valid": inputs_BS != self.config.pad_id,
+    memory = {"encoded": x_BSD, "source_valid": source_valid_BS,
               "cross_key": tuple(keys), "cross_value": tuple(values)}
     if segment_ids is not None:
       memory["source_segment_ids"] = segment_ids
@@ -279,18 +276,16 @@ class Transformer(nn.Module):
     "cross": [L, B, H, T, S]})``.
     """
     self._check_tokens(targets_BT, "targets")
-    packed = self._check_packing(targets_BT, segment_ids, positions, "targets")
+    packed = check_packing(targets_BT, segment_ids, positions, "targets")
     if packed != ("source_segment_ids" in memory):
       raise ValueError("packed targets need a memory encoded from packed inputs, and packed "
                        "inputs packed targets: pass segment ids and positions to both or neither")
     decoder_inputs_BT = shift_right(targets_BT, self.config.decoder_start_id,
                                     segment_ids_BT=segment_ids)
-    causal_B1TT = make_causal_mask(decoder_inputs_BT)
-    cross_mask_B1TS = memory["source_valid"][:, None, None, :]
-    if segment_ids is not None:
-      causal_B1TT = jnp.logical_and(causal_B1TT, make_segment_mask(segment_ids, segment_ids))
-      cross_mask_B1TS = jnp.logical_and(
-          cross_mask_B1TS, make_segment_mask(segment_ids, memory["source_segment_ids"]))
+    self_mask = AttentionMask(query_segment_ids=segment_ids, key_segment_ids=segment_ids,
+                              causal=True)
+    cross_mask = AttentionMask(key_valid=memory["source_valid"], query_segment_ids=segment_ids,
+                               key_segment_ids=memory.get("source_segment_ids"))
     y_BTD = self.target_positions(self.target_embedding(decoder_inputs_BT),
                                   positions_BT=positions)
     if self.config.embedding_norm:
@@ -299,8 +294,8 @@ class Transformer(nn.Module):
     self_weights, cross_weights = [], []
     for i, layer in enumerate(self.decoder_layers):
       y_BTD, self_BHTT, cross_BHTS = layer(
-          y_BTD, causal_B1TT, memory["cross_key"][i], memory["cross_value"][i],
-          cross_mask_B1TS, deterministic=deterministic)
+          y_BTD, self_mask, memory["cross_key"][i], memory["cross_value"][i], cross_mask,
+          deterministic=deterministic, return_weights=return_attention)
       y_BTD = _rows(y_BTD)
       self_weights.append(self_BHTT)
       cross_weights.append(cross_BHTS)

@@ -17,9 +17,12 @@ in ``workdir``:
 Faults: Ctrl-C (SIGINT) finishes the current step, saves and returns
 (``TrainResult.interrupted``); rerunning the same call resumes from the latest
 checkpoint, data position included, and says so; a different config is refused
-(``ConfigMismatchError``) unless ``restart=True``; after ``kill -9`` a rerun loses
+(``ConfigMismatchError``) unless ``restart=True``, except for the settings that
+change neither a batch nor an update (``RESUMABLE_FIELDS``: a preempted run may
+come back with another ``data.num_workers``); after ``kill -9`` a rerun loses
 only the steps since the last checkpoint; a non-finite loss raises
-``NonFiniteLossError`` naming the step, and the last good checkpoint stays.
+``NonFiniteLossError`` naming the step, and the last good checkpoint stays. The
+data iterator (and its worker processes) ends with the call, on success or error.
 
 Example:
   >>> from seq2seq_jax import presets
@@ -72,6 +75,12 @@ _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "ten
 StepHook = Callable[[int, step_lib.TrainState], "step_lib.TrainState | None"]
 
 
+# Fields a resumed run may change: how batches are built (batch i is the same with any number of
+# workers) and how often the run logs and saves; none changes a batch, an update or a metric.
+RESUMABLE_FIELDS = frozenset({"data.num_workers", "train.log_every", "train.checkpoint_every",
+                              "train.keep_checkpoints"})
+
+
 class ConfigMismatchError(ValueError):
   """The workdir holds a run with another config."""
 
@@ -103,14 +112,19 @@ class TrainResult:
   workdir: str
 
 
-def config_diff(saved: ExperimentConfig, current: ExperimentConfig) -> list[str]:
-  """``"section.field: saved X, now Y"`` for every field that differs."""
+def _changed_fields(saved: ExperimentConfig, current: ExperimentConfig) -> dict[str, str]:
+  """``"section.field"`` -> ``"section.field: saved X, now Y"`` for every field that differs."""
   def flat(config):
     return {f"{section}.{key}": value for section, values in config.to_dict().items()
             for key, value in values.items()}
   old, new = flat(saved), flat(current)
-  return [f"{key}: saved {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
-          for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+  return {key: f"{key}: saved {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
+          for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)}
+
+
+def config_diff(saved: ExperimentConfig, current: ExperimentConfig) -> list[str]:
+  """``"section.field: saved X, now Y"`` for every field that differs."""
+  return list(_changed_fields(saved, current).values())
 
 
 def _git_commit() -> dict[str, Any] | None:
@@ -304,18 +318,23 @@ def _set_up_workdir(workdir: str | os.PathLike, *, restart: bool,
 
 
 def _refuse_another_run(config: ExperimentConfig, workdir: pathlib.Path,
-                        checkpointer: checkpoints_lib.Checkpointer,
-                        resume_step: int | None) -> None:
-  """Raises ``ConfigMismatchError`` if the checkpoint to resume holds another config."""
+                        checkpointer: checkpoints_lib.Checkpointer, resume_step: int | None,
+                        log: Callable[..., None]) -> None:
+  """Raises ``ConfigMismatchError`` if the checkpoint to resume holds another config; a change
+  of ``RESUMABLE_FIELDS`` alone is logged and allowed."""
   if resume_step is None:
     return
-  differences = config_diff(checkpointer.load_config(resume_step), config)
-  if differences:
+  changed = _changed_fields(checkpointer.load_config(resume_step), config)
+  allowed = [line for key, line in changed.items() if key in RESUMABLE_FIELDS]
+  refused = [line for key, line in changed.items() if key not in RESUMABLE_FIELDS]
+  if refused:
     raise ConfigMismatchError(
         f"{workdir} holds a run (checkpoint step {resume_step}) with another config:\n  "
-        + "\n  ".join(differences)
+        + "\n  ".join(refused)
         + "\nRerun with the saved config (workdir/config.json) to resume, pass restart=True "
         "(--restart) to start over in this workdir, or use another workdir")
+  if allowed:
+    log(f"Resuming with {'; '.join(allowed)} (the batches and updates stay the same)")
 
 
 _WINDOW_KEYS = ("loss", "nll", "accuracy", "grad_norm")
@@ -367,7 +386,7 @@ class _Run:
     train_config = config.train
     self.config, self.workdir, self.checkpointer, self.log = config, workdir, checkpointer, log
     self.resume_step = checkpointer.latest_step()
-    _refuse_another_run(config, workdir, checkpointer, self.resume_step)
+    _refuse_another_run(config, workdir, checkpointer, self.resume_step, log)
     self._pretrained = None
     if train_config.init_from and self.resume_step is None:
       self._pretrained = _pretrained_start(config)
@@ -502,6 +521,10 @@ class _Run:
     self.checkpointer.save(self.state, config=self.config, tokenizer=self.tokenizer,
                            data_iterator=self.iterator, metrics=metrics)
 
+  def close(self) -> None:
+    """Ends the data iterator's threads and worker processes (``train`` calls it last)."""
+    self.iterator.close()
+
   def result(self, *, interrupted: bool) -> TrainResult:
     """What the session did, once its checkpoints are written."""
     self.checkpointer.wait_until_finished()
@@ -519,7 +542,9 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
           state_sharding_fn: step_lib.StateShardingFn | None = None) -> TrainResult:
   """Trains ``config.model`` on ``config.data`` for ``config.train.num_steps`` updates.
 
-  Resumes from ``workdir/checkpoints`` when it holds a checkpoint of the same config.
+  Resumes from ``workdir/checkpoints`` when it holds a checkpoint of the same config
+  (``RESUMABLE_FIELDS`` may differ). The data iterator's worker processes end when
+  the call returns or raises.
 
   Args:
     config: the whole run.
@@ -558,22 +583,27 @@ def train(config: ExperimentConfig, workdir: str | os.PathLike, *, restart: bool
                                     keep=config.train.keep_checkpoints) as checkpointer:
     run = _Run(config, workdir, checkpointer, tokenizer=tokenizer,
                state_sharding_fn=state_sharding_fn, log=log)
-    run.restore()
-    interrupted = False
-    with _Interrupt() as interrupt, run.metrics_file:
-      while run.step < config.train.num_steps:
-        metrics = run.take_step(step_hook)
-        interrupted = interrupt.requested
-        evaluate = run.evaluation_due()
-        if evaluate or interrupted or run.step % config.train.log_every == 0:
-          record = run.window_means(metrics)  # timed before the validation
-          if evaluate:
-            record.update(run.evaluate())
-          run.write(record, evaluated=evaluate)
-        if evaluate or interrupted or run.step % config.train.checkpoint_every == 0:
-          run.save(evaluated=evaluate)
-        if interrupted:
-          log(f"Interrupted: saved checkpoint step {run.step} in {checkpointer.directory}; "
-              "rerun the same command to resume")
-          break
-    return run.result(interrupted=interrupted)
+    try:
+      run.restore()
+      interrupted = False
+      with _Interrupt() as interrupt, run.metrics_file:
+        while run.step < config.train.num_steps:
+          metrics = run.take_step(step_hook)
+          interrupted = interrupt.requested
+          evaluate = run.evaluation_due()
+          if evaluate or interrupted or run.step % config.train.log_every == 0:
+            record = run.window_means(metrics)  # timed before the validation
+            if evaluate:
+              record.update(run.evaluate())
+            run.write(record, evaluated=evaluate)
+          if evaluate or interrupted or run.step % config.train.checkpoint_every == 0:
+            run.save(evaluated=evaluate)
+          if interrupted:
+            log(f"Interrupted: saved checkpoint step {run.step} in {checkpointer.directory}; "
+                "rerun the same command to resume")
+            break
+      return run.result(interrupted=interrupted)
+    finally:
+      # Worker processes would otherwise live as long as a traceback holds the run, and leak
+      # their shared memory at exit.
+      run.close()

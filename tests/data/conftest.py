@@ -1,8 +1,14 @@
 """Fixtures of the data tests: one prepared multi30k_tiny and one tokenizer per session."""
 
+import dataclasses
 import functools
 import gzip
+import json
+import os
 import pathlib
+import signal
+import subprocess
+import sys
 
 import pytest
 import tensorflow_datasets as tfds
@@ -55,3 +61,28 @@ def sharded_files(multi30k_tiny, tmp_path):
     for lang in ("de", "en"):
       write_lines(folder / f"train-{k}.{lang}{'.gz' if k == 1 else ''}", lines[lang][start:stop])
   return folder, lines
+
+
+def folder_bytes(folder: pathlib.Path) -> dict[str, bytes]:
+  """Every file under ``folder`` by its relative path: two folders equal byte for byte."""
+  return {path.relative_to(folder).as_posix(): path.read_bytes()
+          for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def partial_folders(data_dir: pathlib.Path) -> list[pathlib.Path]:
+  """The unfinished ids folders under ``data_dir``."""
+  return sorted(path for path in data_dir.glob("ids/**/*.partial-*") if path.is_dir())
+
+
+def kill_a_prepare(config: DataConfig, tokenizer: tokenizer_lib.Tokenizer, tmp_path: pathlib.Path,
+                   *, writer: str, records_per_shard: int, kill_at: int) -> None:
+  """Runs a prepare (``writer``: "local" or "beam") in a process that kills itself (SIGKILL)
+  at its ``kill_at``-th batch of records written."""
+  tokenizer_path = tmp_path / "killed-tokenizer.model"
+  tokenizer.save(tokenizer_path)
+  env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[2]))
+  done = subprocess.run(
+      [sys.executable, str(pathlib.Path(__file__).with_name("_kill_prepare.py")),
+       json.dumps(dataclasses.asdict(config)), str(tokenizer_path), writer,
+       str(records_per_shard), str(kill_at)], capture_output=True, text=True, timeout=300, env=env)
+  assert done.returncode == -signal.SIGKILL, (done.stdout + done.stderr)[-3000:]

@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib
+import logging
 import os
 import pathlib
 import sys
@@ -13,7 +14,7 @@ import seq2seq_jax.data
 from seq2seq_jax import cli
 from seq2seq_jax.data import prepared
 from seq2seq_jax.data.text_files import DataError
-from tests.data.conftest import write_lines
+from tests.data.conftest import folder_bytes, kill_a_prepare, partial_folders, write_lines
 
 try:
   from seq2seq_jax.data import beam
@@ -117,6 +118,30 @@ def test_bad_input_names_the_file_and_line(tiny_config, tiny_tokenizer, tmp_path
       lines["de"][4].encode(), b"Caf\xe9", 1))
   with pytest.raises(DataError, match=r"train-0\.de: line 5, byte \d+: invalid UTF-8"):
     run("utf8", empty_lines="drop")
+
+
+@needs_beam
+@pytest.mark.slow
+def test_a_beam_prepare_killed_while_writing_ids_leaves_nothing_behind(tiny_config, tiny_tokenizer,
+                                                                       tmp_path, caplog):
+  killed = dataclasses.replace(tiny_config, data_dir=str(tmp_path / "killed"))
+  kill_a_prepare(killed, tiny_tokenizer, tmp_path, writer="beam", records_per_shard=64, kill_at=3)
+  (partial,) = partial_folders(tmp_path / "killed")
+  assert partial.name.split(".partial-")[1].startswith("beam-")
+  assert list(partial.glob("part-*.array_record")) and not (partial / "meta.json").exists()
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.prepared"):
+    again = beam.run_prepare(killed, tiny_tokenizer, records_per_shard=64)
+  assert f"removed {partial}" in caplog.text
+  assert not partial_folders(tmp_path / "killed")
+  whole = beam.run_prepare(dataclasses.replace(tiny_config, data_dir=str(tmp_path / "whole")),
+                           tiny_tokenizer, records_per_shard=64)
+  assert folder_bytes(again.directory) == folder_bytes(whole.directory)
+  # A killed Beam launcher's folder is removed by a local prepare too.
+  killed = dataclasses.replace(tiny_config, data_dir=str(tmp_path / "local"))
+  kill_a_prepare(killed, tiny_tokenizer, tmp_path, writer="beam", records_per_shard=64, kill_at=3)
+  assert partial_folders(tmp_path / "local")
+  local = prepared.prepare_ids(killed, tiny_tokenizer, records_per_shard=64)
+  assert not partial_folders(tmp_path / "local") and local.meta["writer"] == "local"
 
 
 @needs_beam

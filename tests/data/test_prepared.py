@@ -2,7 +2,11 @@
 
 import dataclasses
 import json
+import logging
+import os
 import pathlib
+import shutil
+import socket
 
 import numpy as np
 import pytest
@@ -10,7 +14,7 @@ import pytest
 from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data import builders, pipeline, prepared, tokenizer as tokenizer_lib
 from seq2seq_jax.data.text_files import DataError
-from tests.data.conftest import write_lines
+from tests.data.conftest import folder_bytes, kill_a_prepare, partial_folders, write_lines
 
 pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
 
@@ -118,6 +122,99 @@ def test_hosts_that_do_not_write_wait_then_name_the_folder(ids_config, tiny_toke
   written = prepared.prepare_ids(config, tiny_tokenizer)
   assert prepared.prepare_ids(config, tiny_tokenizer, writer=False, wait_s=0).directory == \
       written.directory
+
+
+# --------------------------------------------------------------------- what picks the folder
+
+
+def test_every_setting_that_changes_the_ids_picks_another_folder(ids_config, tiny_tokenizer,
+                                                                  tmp_path, sharded_files):
+  folder, _ = sharded_files
+  base = _with_data_dir(ids_config, tmp_path)
+  other_tokenizer = tokenizer_lib.train_tokenizer(dataclasses.replace(base, vocab_size=300))
+
+  def where(config=base, tokenizer=tiny_tokenizer, **kwargs):
+    return prepared.ids_location(config, tokenizer, **kwargs).directory
+
+  folders = {
+      "base": where(),
+      "tokenizer": where(tokenizer=other_tokenizer),
+      "empty_lines": where(dataclasses.replace(base, empty_lines="drop")),
+      "direction": where(dataclasses.replace(base, source_lang="en", target_lang="de")),
+      "split": where(split="val"),
+      "corpus": where(dataclasses.replace(base, train_files=str(folder / "train-*.{lang}*"))),
+  }
+  assert len(set(folders.values())) == len(folders), folders
+  # Settings that only pick, cut or batch the ids keep the folder.
+  for change in (dict(num_workers=2), dict(packing=True, too_long="truncate"),
+                 dict(max_source_len=16, max_target_len=16), dict(batch_tokens=2048),
+                 dict(shuffle_seed=3), dict(tokenize_once=True)):
+    assert where(dataclasses.replace(base, **change)) == folders["base"], change
+
+
+def test_ids_with_dropped_pairs_never_serve_a_run_that_refuses_them(ids_config, tiny_tokenizer,
+                                                                    tmp_path, sharded_files):
+  folder, lines = sharded_files
+  write_lines(folder / "train-2.en", lines["en"][200:240] + [" "] + lines["en"][241:300])
+  drop = dataclasses.replace(_with_data_dir(ids_config, tmp_path), empty_lines="drop",
+                             train_files=str(folder / "train-*.{lang}*"))
+  refuse = dataclasses.replace(drop, empty_lines="refuse")
+  dropped = prepared.prepare_ids(drop, tiny_tokenizer)
+  assert len(dropped) == 299 and dropped.meta["settings"] == {"empty_lines": "drop"}
+  with pytest.raises(DataError, match=r"train-2\.en: line 41 is empty"):
+    prepared.prepare_ids(refuse, tiny_tokenizer)
+  # A folder moved by hand to where the other setting looks is refused, naming the field.
+  shutil.copytree(dropped.directory, prepared.ids_location(refuse, tiny_tokenizer).directory)
+  with pytest.raises(prepared.PreparedDataError,
+                     match=r"meta\.json was written with DataConfig\.empty_lines='drop', this run "
+                           r"has 'refuse': delete .* and prepare it again"):
+    prepared.prepare_ids(refuse, tiny_tokenizer)
+
+
+# ------------------------------------------------------------------- killed and parallel writers
+
+
+def test_temporary_names_are_unique_to_host_process_and_call():
+  first, second = prepared.writer_tag(), prepared.writer_tag()
+  assert first != second
+  assert first.startswith(f"{socket.gethostname()}-{os.getpid()}-")
+
+
+@pytest.mark.slow
+def test_a_prepare_killed_while_writing_ids_leaves_nothing_behind(ids_config, tiny_tokenizer,
+                                                                  tmp_path, sharded_files, caplog):
+  folder, _ = sharded_files
+  config = dataclasses.replace(ids_config, train_files=str(folder / "train-*.{lang}*"))
+  killed = dataclasses.replace(config, data_dir=str(tmp_path / "killed"))
+  kill_a_prepare(killed, tiny_tokenizer, tmp_path, writer="local", records_per_shard=64,
+                 kill_at=3)
+  (partial,) = partial_folders(tmp_path / "killed")
+  assert list(partial.glob("ids-*.array_record")) and not (partial / "meta.json").exists()
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.prepared"):
+    again = prepared.prepare_ids(killed, tiny_tokenizer, records_per_shard=64)
+  assert f"removed {partial}" in caplog.text
+  assert not partial_folders(tmp_path / "killed")
+  whole = prepared.prepare_ids(dataclasses.replace(config, data_dir=str(tmp_path / "whole")),
+                               tiny_tokenizer, records_per_shard=64)
+  assert (again.directory.relative_to(tmp_path / "killed")
+          == whole.directory.relative_to(tmp_path / "whole"))
+  assert folder_bytes(again.directory) == folder_bytes(whole.directory)
+
+
+def test_a_partial_folder_whose_writer_still_writes_stays(ids_config, tiny_tokenizer, tmp_path):
+  config = _with_data_dir(ids_config, tmp_path)
+  directory = prepared.ids_location(config, tiny_tokenizer).directory
+  with prepared.ids_lock(directory):  # as the launcher of a Beam pipeline starts
+    live, writer_lock = prepared.start_partial(directory, "beam-")
+  try:
+    assert prepared.prepare_ids(config, tiny_tokenizer).directory == directory
+    assert live.is_dir()  # a local writer finished beside it, and left it alone
+    prepared.prepare_ids(config, tiny_tokenizer)
+    assert live.is_dir()
+  finally:
+    writer_lock.close()  # the launcher ends without publishing
+  prepared.prepare_ids(config, tiny_tokenizer)
+  assert not live.exists() and not partial_folders(tmp_path)
 
 
 # ------------------------------------------------------------------------------ train_files
@@ -265,3 +362,71 @@ def test_workers_give_the_same_batches_and_restore_mid_epoch_with_any_count(ids_
       for key in want:
         np.testing.assert_array_equal(want[key], have[key], err_msg=f"{workers} workers, "
                                                                     f"batch {i}, {key}")
+
+
+# ------------------------------------------------------------------------------- packing cache
+
+
+def _packed_config(config, tmp_path):
+  return dataclasses.replace(_with_data_dir(config, tmp_path), packing=True, too_long="truncate")
+
+
+def _one_epoch(config, tokenizer):
+  dataset, _ = pipeline.make_train_dataset(config, tokenizer, seed=1, num_epochs=1)
+  return [dataset[i] for i in range(len(dataset))]
+
+
+def _assert_same_batches(got, want):
+  assert len(got) == len(want)
+  for i, (a, b) in enumerate(zip(got, want)):
+    for key in b:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=f"batch {i} {key}")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "foreign", "rows"])
+def test_a_damaged_or_foreign_packing_cache_is_packed_again(ids_config, tiny_tokenizer, tmp_path,
+                                                           damage, caplog, monkeypatch):
+  config = _packed_config(ids_config, tmp_path)
+  expected = _one_epoch(config, tiny_tokenizer)
+  directory = prepared.prepare_ids(config, tiny_tokenizer).directory
+  (cache,) = directory.glob("packing-*.npz")
+  data = cache.read_bytes()
+  if damage == "truncated":
+    cache.write_bytes(data[:len(data) // 2])
+  elif damage == "corrupt":  # one byte of the stored rows: the zip's CRC no longer matches
+    at = data.index(b"\x93NUMPY") + 200
+    cache.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
+  elif damage == "foreign":  # the rows of other lengths (shorter limits), under this name
+    _one_epoch(dataclasses.replace(config, max_source_len=16, max_target_len=16,
+                                   bucket_lengths=(16, 32)), tiny_tokenizer)
+    (other,) = set(directory.glob("packing-*.npz")) - {cache}
+    shutil.copyfile(other, cache)
+  else:  # this cache's digest, but a pair in two rows
+    with np.load(cache) as cached:
+      pairs, row_starts, digest = cached["pairs"], cached["row_starts"], cached["digest"]
+    pairs[1] = pairs[0]
+    np.savez(cache, pairs=pairs, row_starts=row_starts, digest=digest)
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+    again = _one_epoch(config, tiny_tokenizer)
+  assert f"packing cache {cache} is" in caplog.text
+  assert {"truncated": "unreadable", "corrupt": "unreadable", "foreign": "of other pairs",
+          "rows": "damaged"}[damage] in caplog.text
+  _assert_same_batches(again, expected)
+  # The file was replaced: the next start reads it and packs nothing.
+  monkeypatch.setattr(pipeline, "pack_rows", lambda *a: pytest.fail("packed again"))
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+    _assert_same_batches(_one_epoch(config, tiny_tokenizer), expected)
+  assert "packing cache" not in caplog.text
+  assert sorted(p.name for p in directory.iterdir() if "partial" in p.name) == []
+
+
+def test_the_packing_cache_is_written_under_a_name_of_its_host_and_process(
+    ids_config, tiny_tokenizer, tmp_path, monkeypatch):
+  written = []
+  savez = np.savez
+  monkeypatch.setattr(np, "savez", lambda path, **arrays: written.append(path) or savez(path, **arrays))
+  _one_epoch(_packed_config(ids_config, tmp_path), tiny_tokenizer)
+  (path,) = written
+  assert f".{socket.gethostname()}-{os.getpid()}-" in path.name and path.name.endswith(".partial.npz")
+  assert not path.exists()  # renamed into place

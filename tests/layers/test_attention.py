@@ -117,8 +117,10 @@ def test_jax_nn_route_agrees_with_einsums():
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
 def test_cudnn_route_agrees_with_einsums():
-  mask, _, _ = _masks()["padding"]
-  q, k, v = (a.astype(jnp.bfloat16) for a in random_qkv(5))
+  """On a real GPU (the CPU checks cuDNN's call through XLA: test_fused_attention.py)."""
+  keys_BS = jnp.array([[4, 5, 6, 0, 0, 0], [7, 8, 9, 10, 11, 12]])
+  mask = attention.AttentionMask(key_valid=keys_BS != 0)
+  q, k, v = (a.astype(jnp.bfloat16) for a in random_qkv(5, queries=4, keys=6))
   ours = attention.dot_product_attention(q, k, v, mask)
   fused = attention.dot_product_attention(q, k, v, mask, implementation="cudnn")
   np.testing.assert_allclose(np.asarray(fused, np.float32), np.asarray(ours, np.float32),

@@ -274,18 +274,6 @@ def test_half_a_packing_or_a_packed_side_alone_is_refused():
                 positions=batch["inputs_positions"][:, :-1])
 
 
-def test_cudnn_attention_refuses_packed_rows():
-  config = dataclasses.replace(TRANSFORMER, attention_impl="cudnn")
-  model, params = _init(config)
-  batch = _pack(_pairs(config), config.pad_id)
-  with pytest.raises(ValueError, match="attention_impl='cudnn'.*packing"):
-    _packed_logits(model, params, batch)
-  with pytest.raises(ValueError, match="data.packing.*attention_impl='cudnn'"):
-    ExperimentConfig(model=config, data=DataConfig(vocab_size=V, packing=True,
-                                                   max_source_len=16, max_target_len=16,
-                                                   bucket_lengths=(8, 16)))
-
-
 def test_the_rnn_refuses_packing_by_name():
   rnn = RNNConfig(vocab_size=V, embed_dim=4, hidden_dim=6, attention="general")
   data = DataConfig(vocab_size=V, packing=True, max_source_len=16, max_target_len=16,

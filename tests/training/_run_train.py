@@ -1,6 +1,7 @@
-"""Subprocess helper of test_loop.py: trains a config and signals itself at a chosen step.
+"""Subprocess helper of test_loop.py: trains a config and signals itself (or, with NAN, makes
+the parameters NaN) at a chosen step.
 
-Usage: python _run_train.py WORKDIR CONFIG_JSON [SIGNAL STEP]
+Usage: python _run_train.py WORKDIR CONFIG_JSON [SIGNAL|NAN STEP]
 """
 
 import json
@@ -14,6 +15,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 from seq2seq_jax.configs import ExperimentConfig  # noqa: E402
 from seq2seq_jax.training.loop import train  # noqa: E402
@@ -27,7 +29,14 @@ def main():
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   config = ExperimentConfig.from_dict(json.loads(open(config_path).read()))
   hook = None
-  if len(sys.argv) > 3:
+  if len(sys.argv) > 3 and sys.argv[3] == "NAN":
+    at_step = int(sys.argv[4])
+
+    def hook(step, state):
+      if step == at_step:
+        return state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+      return state
+  elif len(sys.argv) > 3:
     signum, at_step = getattr(signal, sys.argv[3]), int(sys.argv[4])
 
     def hook(step, state):

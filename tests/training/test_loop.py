@@ -1,7 +1,9 @@
 """The host loop on real multi30k_tiny batches: learning, run files, resume, faults."""
 
+import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import pathlib
 import signal
@@ -210,3 +212,93 @@ def test_sigint_and_sigkill_of_real_processes(reference_run, tmp_path):
   assert "Resumed from checkpoint step 8" in resumed.stdout
   _assert_same_run(workdir, reference)
   assert [line["step"] for line in _lines(workdir)] == [4, 6, 8, 12]
+
+
+def _per_step_losses(workdir):
+  return {line["step"]: line["loss"] for line in _lines(workdir)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_kill_9_mid_epoch_and_resume_with_two_workers(tiny_data, tiny_tokenizer, tmp_path, packing):
+  # A preempted run comes back on a host with another worker count: the resume check lets
+  # data.num_workers change, and every later batch (so every loss) is the uninterrupted run's.
+  data = dataclasses.replace(tiny_data, packing=packing, num_workers=0)
+  config = tiny_experiment(data, num_steps=24, log_every=1, checkpoint_every=4)
+  _, stats = pipeline.make_train_dataset(data, tiny_tokenizer)
+  assert 12 < stats.batches_per_epoch < 24  # resumed mid-epoch (at 8 or 12), then on
+  reference = tmp_path / "reference"
+  train(config, reference, tokenizer=tiny_tokenizer, progress=False)
+
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tokenizer.model").write_bytes((reference / "tokenizer.model").read_bytes())
+  config_path = tmp_path / "config.json"
+  config_path.write_text(json.dumps(config.to_dict()))
+  killed = _subprocess(workdir, config_path, "SIGKILL", "14")
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  with Checkpointer(workdir / "checkpoints") as checkpointer:
+    # 12, or 8 when the machine is too busy for step 12's asynchronous save to land first.
+    resume = checkpointer.latest_step()
+  assert resume in (8, 12)
+
+  two_workers = dataclasses.replace(config, data=dataclasses.replace(data, num_workers=2))
+  config_path.write_text(json.dumps(two_workers.to_dict()))
+  resumed = _subprocess(workdir, config_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resumed from checkpoint step {resume}" in resumed.stdout
+  assert "Resuming with data.num_workers: saved 0, now 2" in resumed.stdout
+  want, got = _per_step_losses(reference), _per_step_losses(workdir)
+  assert sorted(got) == list(range(1, 25))
+  assert [got[step] for step in range(resume + 1, 25)] == [want[step]
+                                                            for step in range(resume + 1, 25)]
+  _assert_same_run(workdir, reference)
+
+
+def test_settings_that_change_a_batch_are_still_refused(reference_run):
+  config, reference, _ = reference_run
+  for field, value, shown in (("batch_tokens", 1024, "512, now 1024"),
+                              ("packing", True, "False, now True"),
+                              ("shuffle_seed", 3, "0, now 3")):
+    changed = dataclasses.replace(config, data=dataclasses.replace(config.data, **{field: value}))
+    with pytest.raises(ConfigMismatchError, match=rf"data\.{field}: saved {shown}"):
+      train(changed, reference, progress=False)
+
+
+def _workers_alive() -> list:
+  return [child for child in multiprocessing.active_children() if child.is_alive()]
+
+
+def test_train_ends_its_worker_processes_on_success_and_on_error(reference_run, tmp_path):
+  config, reference, _ = reference_run
+  config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=2))
+  config = replace_train(config, num_steps=3)
+  assert not _workers_alive()
+  train(config, tmp_path / "done", progress=False)
+  assert not _workers_alive()
+
+  def poison_at_2(step, state):
+    if step == 2:
+      assert len(_workers_alive()) == 2  # the iterator's workers while the run goes
+      return state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    return state
+
+  with pytest.raises(NonFiniteLossError) as error:
+    train(config, tmp_path / "failed", step_hook=poison_at_2, progress=False)
+  assert error.traceback  # it holds the run's frames, and with them the iterator
+  assert not _workers_alive()
+
+
+@pytest.mark.slow
+def test_a_script_that_fails_in_train_leaks_no_shared_memory(reference_run, tmp_path):
+  config, reference, _ = reference_run
+  config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=2))
+  config_path = tmp_path / "config.json"
+  config_path.write_text(json.dumps(replace_train(config, num_steps=4).to_dict()))
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tokenizer.model").write_bytes((reference / "tokenizer.model").read_bytes())
+  failed = _subprocess(workdir, config_path, "NAN", "3")
+  assert failed.returncode == 1 and "NonFiniteLossError: non-finite training loss" in failed.stderr
+  for sign in ("leaked shared_memory", "SharedMemoryArray.__del__", "Exception ignored"):
+    assert sign not in failed.stderr, failed.stderr[-3000:]
