@@ -18,7 +18,7 @@ published peak (``cycle_seconds``, ``cycles_per_second``). No measured step ente
 charges what the roofline cannot see (matrix shapes that fill the matrix units badly,
 vector work such as dropout's random bits), adds up instructions that may overlap, and
 leaves out collectives (the compiler writes no cycles on them). Published training steps
-of the Transformer big took, as a multiple of it, TPU v3: @V3@; TPU v4: @V4@ (95 %
+of the Transformer big took, as a multiple of it, TPU v3: 0.29-2.3x; TPU v4: 0.21-1.1x (95 %
 prediction bands, ``STEP_BANDS``, from benchmarks/tpu_anchors.py's runs; each run held out
 lies in the band of the others); on v5e, v5p and v6e: not measured. A report's
 ``step_band_seconds`` is its estimate times its generation's band.
@@ -95,7 +95,7 @@ BUCKETING_FILL_MEASURED = 0.804  # the same corpus bucketed, for the comparison 
 # published runs of that generation in benchmarks/tpu_anchors.py, which writes these figures
 # and checks each run held out (the band of the others holds it). A generation with no
 # published run has no band ("not measured"): none is borrowed from another.
-STEP_BANDS: dict[str, tuple[float, float]] = {"v3": (0.0, 0.0), "v4": (0.0, 0.0)}
+STEP_BANDS: dict[str, tuple[float, float]] = {"v3": (0.29, 2.3), "v4": (0.21, 1.1)}
 
 # Student's t distribution, its 97.5th percentile by degrees of freedom (two-sided 95 %).
 _T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
