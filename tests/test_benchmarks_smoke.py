@@ -227,5 +227,8 @@ def test_tpu_anchors_quick(tmp_path):
   markdown = script.render_markdown(payload)
   assert all(row["name"] in markdown for row in rows)
   assert "TPU v5e | 0 | not measured" in markdown
-  # One compiled program kept a slice (their keys differ by topology and program).
-  assert len(list((tmp_path / "cache").glob("*.hlo.gz"))) == len(rows)
+  # Compiled programs are kept by topology and program: at least one a slice, at most one a
+  # run (runs on one slice whose quick programs are alike share one: the tiny preset drops
+  # the runs' model and data settings).
+  kept = len(list((tmp_path / "cache").glob("*.hlo.gz")))
+  assert len({row["target"] for row in rows}) <= kept <= len(rows), kept
