@@ -286,15 +286,16 @@ def render_markdown(payload: dict[str, Any]) -> str:
     lines.append(f"| {entry['name']} | {entry['generation']} | {entry['ratio']:.2f}x | "
                  f"{_band(entry['band'])} ({runs}) | {'yes' if entry['held'] else '**no**'} |")
   lines += ["", "The methods compared (each row held out as above; the band of each generation "
-            "from all its runs):", "",
+            "from all its runs, rounded outwards):", "",
             "| method | rows held | " + " | ".join(f"band {g}" for g in ("v3", "v4")) + " |",
             "|---|---|---|---|"]
   for name, score in payload["scores"].items():
     generation_bands = payload["bands"][name]
     chosen = " (chosen)" if name == method else ""
     lines.append(f"| {METHODS[name][1].split(':')[0]}{chosen} | {score['held']} of "
-                 f"{score['rows']} | " + " | ".join(_band(generation_bands[g])
-                                                     for g in ("v3", "v4")) + " |")
+                 f"{score['rows']} | " + " | ".join(
+                     _band(generation_bands[g] and printed_band(generation_bands[g]))
+                     for g in ("v3", "v4")) + " |")
   lines += ["", "The band to plan with, per chip generation (real step / cyc. ms; rounded "
             "outwards: `aot.report.STEP_BANDS`):", "",
             "| generation | published runs | band |", "|---|---|---|"]
