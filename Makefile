@@ -81,9 +81,12 @@ test-fast: $(STAMP)
 
 # Benchmarks (see benchmarks/RESULTS.md). compare_pytorch.py needs the bench extra:
 # `$(PY) -m pip install torch==2.13.0` first (the CPU wheel), then `-e ".[bench]"`.
-BENCH_SCRIPTS := train_throughput decode_throughput rnn_vs_transformer pretrained_opus_mt pretrained_families translate_file decode_controls tpu_compile input_pipeline attention_kernels
+BENCH_SCRIPTS := train_throughput decode_throughput rnn_vs_transformer pretrained_opus_mt pretrained_families translate_file decode_controls tpu_compile tpu_anchors input_pipeline attention_kernels
+# tpu_anchors.py also writes its tables into RESULTS.md (tests/aot/test_anchors.py checks them).
 bench: $(STAMP)
-	for s in $(BENCH_SCRIPTS); do $(PY) benchmarks/$$s.py --plot benchmarks/results/$$s.png || exit 1; done
+	for s in $(BENCH_SCRIPTS); do \
+	  extra=; [ $$s = tpu_anchors ] && extra="--results-md benchmarks/RESULTS.md"; \
+	  $(PY) benchmarks/$$s.py --plot benchmarks/results/$$s.png $$extra || exit 1; done
 
 bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do SEQ2SEQ_JAX_QUICK=1 $(PY) benchmarks/$$s.py --out /tmp/seq2seq_jax_bench_$$s.json || exit 1; done

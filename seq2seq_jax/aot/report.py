@@ -10,21 +10,23 @@ the chip's bfloat16 peak and bytes over its HBM bandwidth (``targets.CHIPS``), a
 the implied MFU is FLOPs over that time and the peak: a roofline, an optimistic
 bound rather than a prediction.
 
-Beside it, the compiler's own cycle estimate (``cycles_step_seconds``): the TPU
-compiler writes an ``estimated_cycles`` on every scheduled instruction; their sum
-(loop bodies times their trips) is turned into seconds by the cycles the same
-compiler estimates for a large bfloat16 matmul on the chip, taken to run at the
-published peak (``cycles_per_second``). No measured step enters it. It charges
-what the roofline cannot see (matrix shapes that fill the matrix units badly,
-vector work, random bits for dropout), and adds up instructions that may overlap.
-On the published runs set against it (``benchmarks/RESULTS.md``, "Estimates against
-published runs", three compute-bound training steps) real steps took 0.8-1.4x the
-cycle estimate, the one to plan with, and 2.3-4.1x the roofline.
+Beside it, the compiler's own cycle estimate (``cycles_step_seconds``, "cyc. ms"), the
+estimate to plan with: the TPU compiler writes an ``estimated_cycles`` on every scheduled
+instruction; their sum (loop bodies times their trips) is turned into seconds by the cycles
+the same compiler estimates for a large bfloat16 matmul on the chip, taken to run at the
+published peak (``cycle_seconds``, ``cycles_per_second``). No measured step enters it. It
+charges what the roofline cannot see (matrix shapes that fill the matrix units badly,
+vector work such as dropout's random bits), adds up instructions that may overlap, and
+leaves out collectives (the compiler writes no cycles on them). Published training steps
+of the Transformer big took, as a multiple of it, TPU v3: 0.29-2.3x; TPU v4: 0.21-1.1x (95 %
+prediction bands, ``STEP_BANDS``, from benchmarks/tpu_anchors.py's runs; each run held out
+lies in the band of the others); on v5e, v5p and v6e: not measured. A report's
+``step_band_seconds`` is its estimate times its generation's band.
 
 A packed training program (``data.packing``) has rows of the largest bucket, every
 slot of which the compiler costs; how many slots hold real tokens depends on the
 corpus, which a compile never sees. The report assumes ``ASSUMED_PACKING_FILL``
-(measured on one corpus, see there) and says so.
+(measured on a WMT-sized stand-in corpus, see there) and says so.
 
 XLA's cost analysis counts the body of a loop once. Every trip is counted here
 in one of two ways, and the report says which (``loops``):
@@ -57,7 +59,7 @@ import functools
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -67,20 +69,64 @@ from jax.sharding import SingleDeviceSharding
 
 from seq2seq_jax.aot import programs as programs_lib
 from seq2seq_jax.aot.hlo import hbm_traffic, loop_costs
-from seq2seq_jax.aot.targets import Target, parse_target, target_devices, target_mesh
+from seq2seq_jax.aot.targets import CHIPS, Target, parse_target, target_devices, target_mesh
 from seq2seq_jax.configs import ExperimentConfig
 
 GiB = 2 ** 30
 
+# Turns a lowered program into a compiled one (``compile_program``'s ``compiler``).
+Compiler = Callable[[Any], Any]
+
 # The share of a packed row's token slots that hold real tokens, assumed by the reports of
-# packed training programs (a compile has no data). Measured on 2026-11-28: the input
-# pipeline's packer (``data.pipeline.pack_rows``) on Multi30k de-en train (29,000 pairs, a
-# sentencepiece vocabulary of 8,000, 16.2 + 15.7 tokens a pair with EOS) fills 92.7 % of the
-# slots of rows of 64 tokens a side (87.7 % at 32, 94.7 % at 128); the default buckets
-# (8 ... 64) fill 77.0 % of theirs, before the padding of each bucket's last batch. Another
-# corpus fills otherwise: a run's ``TrainStats.padding_fraction`` is its own measure.
-ASSUMED_PACKING_FILL = 0.93
-BUCKETING_FILL_MEASURED = 0.77  # the same corpus bucketed, for the comparison in the table
+# packed training programs (a compile has no data); the one fill figure of the project,
+# which the WMT presets and guides refer to. Measured on 2026-11-28 by
+# benchmarks/input_pipeline.py (RESULTS.md, "Input pipeline"): the packer
+# (``data.pipeline.pack_rows``) on the WMT'14-sized stand-in (4,508,785 pairs with word
+# counts drawn to match WMT'14's English side, a 32,000-piece vocabulary, 35.0 + 34.3
+# tokens a pair) in the WMT presets' rows of 256 a side left 3.7 % of the slots empty; the
+# presets' buckets (16 ... 256) left 19.6 % of theirs. WMT'14 itself is not measured here,
+# and another corpus fills otherwise: a run's ``TrainStats.padding_fraction`` is its own.
+ASSUMED_PACKING_FILL = 0.963
+BUCKETING_FILL_MEASURED = 0.804  # the same corpus bucketed, for the comparison in the table
+
+
+# Published training steps' time over the report's cycle estimate (``cycles_step_seconds``,
+# "cyc. ms"), per chip generation: the 95 % prediction band (``prediction_band``) of the
+# published runs of that generation in benchmarks/tpu_anchors.py, which writes these figures
+# and checks each run held out (the band of the others holds it). A generation with no
+# published run has no band ("not measured"): none is borrowed from another.
+STEP_BANDS: dict[str, tuple[float, float]] = {"v3": (0.29, 2.3), "v4": (0.21, 1.1)}
+
+# Student's t distribution, its 97.5th percentile by degrees of freedom (two-sided 95 %).
+_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+          9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
+
+
+def prediction_band(ratios: Sequence[float]) -> tuple[float, float] | None:
+  """The band one more ratio falls in with 95 % probability, from ``ratios`` (measured
+  over estimated step times), taking their logarithms as normal draws: ``exp(m -+ t s
+  sqrt(1 + 1/n))`` with their mean m, sample deviation s and Student's t for n - 1
+  degrees of freedom. ``None`` for fewer than two ratios (no spread to go by)."""
+  n = len(ratios)
+  if n < 2 or n - 1 > max(_T_975):
+    return None
+  logs = [math.log(r) for r in ratios]
+  mean = sum(logs) / n
+  deviation = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+  half = _T_975[n - 1] * deviation * math.sqrt(1 + 1 / n)
+  return math.exp(mean - half), math.exp(mean + half)
+
+
+def step_band(chip: str) -> tuple[float, float] | None:
+  """``STEP_BANDS``' band for chip generation ``chip`` (``"v3"``), or ``None``: not measured."""
+  return STEP_BANDS.get(chip)
+
+
+def band_text(chip: str) -> str:
+  """``"0.31-2.2x"``: the band of ``chip`` as the tables and guides print it, or
+  ``"not measured"``."""
+  band = step_band(chip)
+  return "not measured" if band is None else f"{band[0]:.2g}-{band[1]:.2g}x"
 
 
 @dataclasses.dataclass
@@ -118,6 +164,9 @@ class CompileReport:
   hbm_mfu: float | None = None
   cycles_step_seconds: float | None = None  # the compiler's cycle estimate (see the module)
   cycles_mfu: float | None = None
+  # cycles_step_seconds times the chip generation's STEP_BANDS: where a real step is
+  # expected to fall; None where the generation has no published run to go by.
+  step_band_seconds: tuple[float, float] | None = None
   kernel_flops_per_chip: float | None = None  # fused kernels' FLOPs by formula, in flops_per_chip
   kernels: str = ""  # the fused kernels a step calls and how they were costed
   message: str = ""
@@ -250,12 +299,24 @@ def cycles_per_second(target: Target) -> float:
   return _cycles_per_second(one_chip)
 
 
+def cycle_seconds(cycles: float, target: Target, *, kernel_flops: float = 0.0) -> float | None:
+  """The report's step estimate ("cyc. ms"): ``cycles`` of the compiler's estimate, each
+  ``1 / cycles_per_second(target)`` long, plus the fused kernels' ``kernel_flops`` at the
+  device's peak (their custom calls carry no cycles); ``None`` where the compiler counts
+  no cycles."""
+  rate = cycles_per_second(target) if cycles else 0.0
+  return cycles / rate + kernel_flops / target.chip.device_peak_flops if rate else None
+
+
 def compile_program(program: programs_lib.Program, target: Target, *,
-                    model_name: str = "") -> CompileReport:
+                    model_name: str = "", compiler: Compiler | None = None) -> CompileReport:
   """Lowers and compiles ``program`` with the TPU compiler; the report of what it says.
 
   A program too large for the chip gives ``fits=False`` and the compiler's message
-  (its argument bytes are still reported); any other failure raises.
+  (its argument bytes are still reported); any other failure raises. ``compiler``
+  turns the lowered program into the compiled one (default ``lowered.compile()``);
+  anything with the compiled program's ``as_text``, ``cost_analysis`` and
+  ``memory_analysis`` will do (``benchmarks/tpu_anchors.py`` keeps them on disk).
   """
   start = time.perf_counter()
   arguments = _shard_bytes(program.args)
@@ -271,7 +332,7 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   lowered = program.jitted.lower(*program.args)
   try:
     with _not_in_persistent_cache():
-      compiled = lowered.compile()
+      compiled = lowered.compile() if compiler is None else compiler(lowered)
   except Exception as error:  # the compiler reports an over-full program as an error
     if not _is_out_of_memory(error):
       raise
@@ -325,15 +386,18 @@ def compile_program(program: programs_lib.Program, target: Target, *,
     calls = ", ".join(f"{count} calls of {name}" for name, count in loops.kernel_calls.items())
     report.kernels = (f"{calls}: {loops.kernel_flops / 1e9:.4g} GFLOP by formula (XLA counts "
                       "none); in the cycle estimate at the chip's peak")
-  rate = cycles_per_second(target) if loops.cycles else 0.0
-  if rate:
-    report.cycles_step_seconds = (loops.cycles / rate
-                                  + loops.kernel_flops / target.chip.device_peak_flops)
+  cycle_time = cycle_seconds(loops.cycles, target, kernel_flops=loops.kernel_flops)
+  if cycle_time:
+    report.cycles_step_seconds = cycle_time
     report.cycles_mfu = flops / (report.cycles_step_seconds * target.chip.device_peak_flops)
+    band = step_band(target.chip.name)
+    if band is not None:
+      report.step_band_seconds = (band[0] * report.cycles_step_seconds,
+                                  band[1] * report.cycles_step_seconds)
   if not loops.counted:  # figures of one trip of some loop: no time, no MFU
     report.estimated_step_seconds = report.estimated_mfu = None
     report.hbm_step_seconds = report.hbm_mfu = None
-    report.cycles_step_seconds = report.cycles_mfu = None
+    report.cycles_step_seconds = report.cycles_mfu = report.step_band_seconds = None
   if program.name == "generate":  # what runs once, outside the search's loop
     report.search = {"flops_outside_loop": max(0.0, float(cost["flops"]) - loops.flops_in_loops),
                      "bytes_outside_loop": max(0.0, float(cost.get("bytes accessed", 0.0))
@@ -379,7 +443,8 @@ def _decode_step_summary(config: ExperimentConfig, target: Target, mesh: Any, ro
 
 def compile_report(config: ExperimentConfig, target: str | Target, program: str = "train", *,
                    rows: int | None = None, length: int | None = None,
-                   model: nn.Module | None = None) -> CompileReport:
+                   model: nn.Module | None = None,
+                   compiler: Compiler | None = None) -> CompileReport:
   """Compiles ``program`` of ``config`` for ``target`` and reports (see the module docstring).
 
   Args:
@@ -390,6 +455,8 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
     length: padded source (and target) length; default: the longest training bucket
       (train, eval), the source limit (generate, score).
     model: the model, when it is not ``config.model``'s (a pretrained checkpoint).
+    compiler: see ``compile_program`` (``train``, ``eval`` and ``score``; ``generate``'s
+      decoding step is always compiled).
 
   ``generate`` also compiles one decoding step without loops; its estimate is in
   ``estimated_step_seconds`` (per decoding step) and ``decode_step``.
@@ -402,7 +469,7 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
   built = programs_lib.build_program(program, config, mesh, rows=rows, length=length,
                                      model=model)
   name = describe_model(built_model(config, program, model))
-  report = compile_program(built, target, model_name=name)
+  report = compile_program(built, target, model_name=name, compiler=compiler)
   if program == "generate" and report.fits:
     step = _decode_step_summary(config, target, mesh, built.rows, built.source_len, model)
     report.decode_step = step
@@ -647,8 +714,19 @@ def format_table(reports: Sequence[CompileReport]) -> str:
              "bytes accessed / bandwidth); HBM GB and HBM ms: the same with the bytes that "
              "cross the HBM bus, read off the compiled program (seq2seq_jax.aot.hlo); cyc. ms: "
              "the compiler's own cycle estimates summed, a cycle timed by a large matmul at "
-             "peak. Published runs took 2.3-4.1x est. ms and 0.8-1.4x cyc. ms (RESULTS.md)")
+             "peak: the estimate to plan with. " + band_note(r.chip for r in reports))
   return "\n".join(out)
+
+
+def band_note(chips: Iterable[str]) -> str:
+  """The footnote's sentence on how far to trust "cyc. ms" on each TPU generation named
+  (``STEP_BANDS``; "not measured" where no published run exists)."""
+  names = list(dict.fromkeys(c for c in chips if c in CHIPS and CHIPS[c].platform == "tpu"))
+  if not names:
+    return "No published run bounds these estimates."
+  parts = [f"TPU {c}: {band_text(c)}" for c in names]
+  return ("Published training steps took, as a multiple of cyc. ms (95 % prediction band, "
+          "RESULTS.md): " + "; ".join(parts) + ".")
 
 
 def packing_note(report: CompileReport) -> str:
@@ -657,9 +735,9 @@ def packing_note(report: CompileReport) -> str:
   return (f"{report.program} on {report.target}: packed rows (data.packing) of "
           f"{report.source_len}+{report.target_len}: {report.tokens_per_step:,} token slots a "
           f"step; ~{report.estimated_real_tokens_per_step:,.0f} real tokens assuming "
-          f"{report.assumed_fill:.0%} of slots filled (ASSUMED_PACKING_FILL: measured on "
-          f"Multi30k de-en, 8,000 pieces, rows of 64, not on this run's data), where the "
-          f"default buckets filled {BUCKETING_FILL_MEASURED:.0%} of theirs")
+          f"{report.assumed_fill:.1%} of slots filled (ASSUMED_PACKING_FILL: measured on a "
+          f"WMT'14-sized stand-in corpus in rows of 256, not on this run's data), where "
+          f"length buckets filled {BUCKETING_FILL_MEASURED:.1%} of theirs")
 
 
 def fit_summary(config: ExperimentConfig, programs: Sequence[str] = ("train",),

@@ -69,7 +69,8 @@ def test_the_wmt_presets_follow_the_paper(name):
   assert config.train.label_smoothing == 0.1 and config.train.compute_dtype == "bfloat16"
   assert config.decode.method == "beam" and config.decode.beam_size == 4
   assert config.decode.alpha == 0.6
-  # About 25,000 target tokens a step: 104 packed rows of 256 slots at ~97 % fill.
+  # About 25,000 target tokens a step: 104 packed rows of 256 slots at the assumed fill
+  # (aot.report.ASSUMED_PACKING_FILL).
   assert config.data.packing and config.data.batch_tokens == 26624
   assert pipeline.bucket_rows(config.data, config.data.bucket_lengths[-1]) == 104
 
