@@ -93,11 +93,10 @@ def resolve(implementation: str) -> str:
   """
   if implementation != "auto":
     return implementation
-  platform = traced_platform()
-  if platform == "gpu" and not str(getattr(_traced_device(), "device_kind", "")).upper(
-      ).startswith("NVIDIA"):
+  device = _traced_device()
+  if device.platform == "gpu" and not device.device_kind.upper().startswith("NVIDIA"):
     return "einsum"
-  return {"tpu": "splash", "gpu": "cudnn"}.get(platform, "einsum")
+  return {"tpu": "splash", "gpu": "cudnn"}.get(device.platform, "einsum")
 
 
 def refusal(implementation: str, q_BTHK: Array, k_BSHK: Array, *, bias: Array | None,
