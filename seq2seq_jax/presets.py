@@ -91,12 +91,13 @@ def _multi30k_transformer_long(source_lang: str = "de", target_lang: str = "en",
                                num_steps: int = 5400) -> ExperimentConfig:
   """``multi30k_transformer`` trained for two CPU hours: 5400 updates, about 26 epochs.
 
-  The same model and batches; four times the updates call for some regularization,
-  dropout 0.1 (none on the attention weights), and a longer warmup (400). Dropout 0.2
-  with attention dropout 0.1 scored 1.6 BLEU lower on validation (benchmarks/RESULTS.md).
-  Validation loss and BLEU every 1000 updates draw the learning curve; a checkpoint
-  every 500. Into German, fewer updates of the larger vocabulary's slower step, and ReLU
-  rather than the 30-minute run's GELU (see ``_EN_DE_VOCAB``).
+  The same model, with bucketed batches: packed rows of 48, tried into German, scored
+  0.26 BLEU lower on validation (benchmarks/RESULTS.md). Four times the updates call for
+  some regularization, dropout 0.1 (none on the attention weights), and a longer warmup
+  (400). Dropout 0.2 with attention dropout 0.1 scored 1.6 BLEU lower on validation
+  (benchmarks/RESULTS.md). Validation loss and BLEU every 1000 updates draw the learning
+  curve; a checkpoint every 500. Into German, fewer updates of the larger vocabulary's
+  slower step, and ReLU rather than the 30-minute run's GELU (see ``_EN_DE_VOCAB``).
   """
   base = _multi30k_transformer(source_lang, target_lang, vocab_size=vocab_size, packed=False)
   return dataclasses.replace(
