@@ -2,36 +2,48 @@
 
 A fused kernel never writes the ``[B, H, T, S]`` scores: it streams blocks of keys
 through a running softmax (flash attention) and recomputes them in the backward
-pass, so a layer keeps ``O(T)`` per row for the gradient instead of ``O(T * S)``.
-It cannot take an arbitrary dense mask, so the models describe theirs as an
-``AttentionMask``: key padding, segment ids of packed rows, and causality.
+pass. Nor does it take a dense mask: the models describe theirs as an
+``AttentionMask`` (key padding, segment ids of packed rows, causality), and each
+kernel gets it in a form that stores nothing ``T x S``, so a layer keeps ``O(T)``
+per row for the gradient instead of ``O(T * S)``.
 
 The choices of ``attention_impl`` (``IMPLEMENTATIONS``):
 
 * ``"einsum"``: the library's einsums (``layers.attention.dot_product_attention``).
 * ``"xla"``: ``jax.nn.dot_product_attention`` with XLA's implementation, called
-  exactly as for cuDNN (the tests check cuDNN's arguments through it on the CPU).
-* ``"cudnn"``: the same call with cuDNN's flash attention (bf16 or fp16, head width
-  a multiple of 8 up to 128, even lengths). The mask reaches it as an additive
-  ``[B, 1, T, S]`` bias (causality as cuDNN's own causal mask), which holds for any
-  padding or packing; refused by name in a program traced for another platform.
+  as for cuDNN wherever its public arguments can say the same thing (key lengths,
+  causality), so the tests check cuDNN's arguments through it on the CPU; packed
+  rows reach it as a dense boolean mask (XLA's attention writes the scores anyway).
+* ``"cudnn"``: cuDNN's flash attention (bf16 or fp16, head width a multiple of 8
+  up to 128, even lengths, a GPU of compute capability 8.0 or later). Padding
+  reaches it as each row's key length (``key_value_seq_lengths``: padding is at the
+  end of a row, as in every batch of the library), causality as its own causal
+  mask, packed rows as its packed layout (segment lengths and offsets, jax's
+  ``jax._src.cudnn`` call; Hopper, sm90, or later). Where that layout is not
+  there (an older GPU, a jax without it), packed rows reach cuDNN as an additive
+  ``[B, 1, T, S]`` bias, which costs ``T x S`` per row and its gradient: the log
+  says so once. Refused by name in a program traced for another platform.
 * ``"splash"``: splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``),
   one row at a time, with segment ids for padding and packed rows and a static
   causal or full block mask; both lengths must be multiples of 128. Under a mesh
-  it runs per shard (``jax.shard_map``: rows over ``data``, heads over ``model``).
-  Traced for any platform but a TPU it runs in Pallas interpret mode: slow and
-  exact, the tests' way to check it on the CPU.
-* ``"auto"``: splash in a program traced for a TPU, cuDNN for an NVIDIA GPU, the
-  einsums elsewhere; a kernel's refusal (below) is then a fallback.
+  it runs per shard (``jax.shard_map``: rows and heads where the active sharding
+  rules put them). Traced for any platform but a TPU it runs in Pallas interpret
+  mode: slow and exact, the tests' way to check it on the CPU.
+* ``"auto"``: splash in a program traced for a TPU, cuDNN for an NVIDIA GPU of
+  compute capability 8.0 or later, the einsums elsewhere; a kernel's refusal
+  (below) is then a fallback.
 
 The platform is the one the program is traced for: the devices of the active
 mesh (``layers.partitioning.activation_sharding``; ``seq2seq_jax.aot`` traces
 under its target's mesh), else ``jax.default_backend()``.
 
-What no kernel takes, and what happens then: attention dropout, a score bias (T5's
-relative position bias), asked-for weights, lengths a kernel does not tile, a
-dtype it does not take. Each such call falls back to the einsums and the log
-says so once per reason (logger ``seq2seq_jax``); the result is always the
+A query with no key it may attend (a row of padding only) gets the einsums'
+answer from every kernel, forward and backward: the mean of the values, and no
+gradient to the queries or keys. What no kernel takes, and what happens then:
+attention dropout, a score bias (T5's relative position bias; "xla" takes it, in
+float32 as the einsums add it), asked-for weights, lengths a kernel does not
+tile, a dtype it does not take. Each such call falls back to the einsums and the
+log says so once per reason (logger ``seq2seq_jax``); the result is always the
 einsums' function, never another one. A decoding step (one query against the
 ``KVCache``) always runs the library's blocked cache read, whatever the choice.
 """
@@ -39,12 +51,14 @@ einsums' function, never another one. A decoding step (one query against the
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from seq2seq_jax.configs import ATTENTION_IMPLS as IMPLEMENTATIONS
@@ -61,6 +75,9 @@ SPLASH_MIN_BLOCK = 128
 _SPLASH_BLOCKS = (512, 256, 128)
 # cuDNN's flash attention: head widths it takes on every GPU it runs on (Hopper: 256).
 CUDNN_MAX_HEAD_DIM = 128
+# cuDNN's flash attention runs from Ampere (sm80) on; its packed layout from Hopper (sm90).
+CUDNN_MIN_CAPABILITY = (8, 0)
+CUDNN_PACKED_MIN_CAPABILITY = (9, 0)
 
 logger = logging.getLogger("seq2seq_jax")
 _LOGGED: set[str] = set()
@@ -86,17 +103,41 @@ def traced_platform() -> str:
   return _traced_device().platform
 
 
+def compute_capability(device: Any) -> tuple[int, int] | None:
+  """An NVIDIA GPU's compute capability as ``(major, minor)``; None for any other device.
+
+  Example:
+    >>> import types
+    >>> compute_capability(types.SimpleNamespace(platform="gpu", compute_capability="9.0"))
+    (9, 0)
+    >>> compute_capability(jax.devices("cpu")[0]) is None
+    True
+  """
+  if getattr(device, "platform", None) != "gpu":
+    return None
+  text = str(getattr(device, "compute_capability", ""))
+  try:
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+  except ValueError:  # AMD's GPUs name an architecture ("gfx90a"), not a capability
+    return None
+
+
 def resolve(implementation: str) -> str:
   """``"auto"`` made concrete for the traced platform; any other choice as it is.
 
-  On a GPU, cuDNN only for NVIDIA's (``device_kind`` "NVIDIA ..."); the einsums on others.
+  On a GPU, cuDNN only where its flash attention runs: an NVIDIA GPU of compute
+  capability ``CUDNN_MIN_CAPABILITY`` (Ampere, 8.0) or later; the einsums on others.
   """
   if implementation != "auto":
     return implementation
   device = _traced_device()
-  if device.platform == "gpu" and not device.device_kind.upper().startswith("NVIDIA"):
-    return "einsum"
-  return {"tpu": "splash", "gpu": "cudnn"}.get(device.platform, "einsum")
+  if device.platform == "tpu":
+    return "splash"
+  capability = compute_capability(device)
+  if capability is not None and capability >= CUDNN_MIN_CAPABILITY:
+    return "cudnn"
+  return "einsum"
 
 
 def refusal(implementation: str, q_BTHK: Array, k_BSHK: Array, *, bias: Array | None,
@@ -120,6 +161,11 @@ def refusal(implementation: str, q_BTHK: Array, k_BSHK: Array, *, bias: Array | 
       return (f"lengths T={queries}, S={keys} are not multiples of splash's block of "
               f"{SPLASH_MIN_BLOCK}")
     return None
+  capability = compute_capability(_traced_device())
+  if capability is not None and capability < CUDNN_MIN_CAPABILITY:
+    return (f"cuDNN's flash attention needs compute capability "
+            f"{'.'.join(map(str, CUDNN_MIN_CAPABILITY))} or later, not "
+            f"{'.'.join(map(str, capability))}")
   if q_BTHK.dtype not in (jnp.bfloat16, jnp.float16):
     return f"cuDNN's flash attention takes bfloat16 or float16, not {q_BTHK.dtype}"
   if width % 8 or width > CUDNN_MAX_HEAD_DIM:
@@ -135,17 +181,116 @@ def jax_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMa
   """``jax.nn.dot_product_attention`` with ``mask``: the call "xla" and "cudnn" share.
 
   Causality goes in as ``is_causal`` (cuDNN then skips the blocks above the
-  diagonal); padding and segments as a boolean mask, which cuDNN adds as a bias of
-  0 or a large negative number.
+  diagonal) and key padding as each row's key length, so neither stores a
+  ``[T, S]`` mask. Packed rows: cuDNN's packed layout where it is there
+  (``cudnn_packed_layout``), else a boolean ``[B, 1, T, S]`` mask (cuDNN adds it as
+  a bias; the log says so). ``bias`` (a relative position bias, "xla" only) is
+  added in float32, as the einsums add it.
   """
   causal = mask is not None and mask.causal
-  dense = None if mask is None else mask.dense(batch=q_BTHK.shape[0], queries=q_BTHK.shape[1],
-                                                causal=False)
-  if dense is not None:
+  lengths_B = dense = None
+  if mask is not None and mask.packed:
+    if implementation == "cudnn":
+      packed = cudnn_packed_layout(q_BTHK, k_BSHK, v_BSHK, mask, scale=scale)
+      if packed is not None:
+        return packed
+    dense = mask.dense(batch=q_BTHK.shape[0], queries=q_BTHK.shape[1], causal=False)
     dense = jnp.broadcast_to(dense, (dense.shape[0], 1, q_BTHK.shape[1], k_BSHK.shape[1]))
+  elif mask is not None and mask.key_valid is not None:
+    # A row with no valid key still reads key 0, so that no kernel divides by an empty
+    # sum; its output is replaced by the einsums' (``fused_attention``).
+    lengths_B = jnp.maximum(jnp.sum(mask.key_valid, axis=1, dtype=jnp.int32), 1)
   return jax.nn.dot_product_attention(
       q_BTHK, k_BSHK, v_BSHK, mask=dense, is_causal=causal, scale=scale,
-      bias=None if bias is None else bias.astype(q_BTHK.dtype), implementation=implementation)
+      key_value_seq_lengths=lengths_B, implementation=implementation,
+      bias=None if bias is None else bias.astype(jnp.float32))
+
+
+def segment_layout(segment_ids_BT: Array, segments: int) -> tuple[Array, Array]:
+  """Packed rows as cuDNN's packed layout takes them: each segment's length and offset.
+
+  Segments are numbered 1, 2, ... in the order they lie in the row, with 0 on the
+  padding after the last (the library's packed rows). Returns int32 ``[B, M]``
+  lengths and ``[B, M + 1]`` offsets for ``M = segments``, -1 past a row's last
+  segment. O(T) per row: no ``[T, S]`` array.
+
+  Example:
+    >>> lengths, offsets = segment_layout(jnp.array([[1, 1, 2, 0]]), segments=3)
+    >>> lengths.tolist(), offsets.tolist()
+    ([[2, 1, -1]], [[0, 2, -1, -1]])
+  """
+  batch = segment_ids_BT.shape[0]
+  ids_BT = segment_ids_BT.astype(jnp.int32)
+  rows_B1 = jnp.arange(batch)[:, None]
+  counts_BM = jnp.zeros((batch, segments + 1), jnp.int32).at[rows_B1, ids_BT].add(
+      1, mode="drop")[:, 1:]
+  present_BM = jnp.arange(1, segments + 1)[None] <= jnp.max(ids_BT, axis=1, keepdims=True)
+  starts_BM = jnp.cumsum(counts_BM, axis=1) - counts_BM
+  lengths_BM = jnp.where(present_BM, counts_BM, -1)
+  offsets_BM = jnp.where(present_BM, starts_BM, -1)
+  offsets_BM1 = jnp.concatenate([offsets_BM, jnp.full((batch, 1), -1, jnp.int32)], axis=1)
+  return lengths_BM, offsets_BM1
+
+
+def cudnn_packed_layout(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMask, *,
+                        scale: float) -> Array | None:
+  """cuDNN's flash attention over packed rows through its packed layout, or None where the
+  layout is not there (jax's call missing, a GPU older than Hopper): the caller then
+  passes the mask as a bias, and the log says what that costs.
+
+  jax 0.10-0.12 expose the layout only in ``jax._src.cudnn.fused_attention_stablehlo``
+  (``q_offsets``, ``kv_offsets``); ``jax.nn.dot_product_attention`` takes no segments.
+  Every segment is one sequence to cuDNN; a row has at most ``min(T, S)`` of them (each
+  pair holds at least its EOS), which sizes the layout's arrays, so no segment is lost.
+  """
+  assert mask.query_segment_ids is not None and mask.key_segment_ids is not None
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    cudnn = None
+  capability = compute_capability(_traced_device())
+  takes_offsets = cudnn is not None and "q_offsets" in inspect.signature(
+      cudnn.dot_product_attention).parameters
+  if not takes_offsets or capability is None or capability < CUDNN_PACKED_MIN_CAPABILITY:
+    say_once("attention_impl 'cudnn': packed rows reach cuDNN as a dense [B, 1, T, S] bias "
+             f"(its packed layout needs jax's cudnn packed call and compute capability "
+             f"{'.'.join(map(str, CUDNN_PACKED_MIN_CAPABILITY))}+, this is {capability}): "
+             "T x S per row and its gradient are stored")
+    return None
+  segments = min(q_BTHK.shape[1], k_BSHK.shape[1])
+  key_ids_BS = mask.key_segment_ids
+  if mask.key_valid is not None:
+    key_ids_BS = jnp.where(mask.key_valid, key_ids_BS, 0)
+  q_lengths_BM, q_offsets_BM1 = segment_layout(mask.query_segment_ids, segments)
+  kv_lengths_BM, kv_offsets_BM1 = segment_layout(key_ids_BS, segments)
+  mask_type = cudnn.MaskType.PADDING_CAUSAL if mask.causal else cudnn.MaskType.PADDING
+  return cudnn.dot_product_attention(
+      q_BTHK, k_BSHK, v_BSHK, None, None, q_lengths_BM, kv_lengths_BM, q_offsets_BM1,
+      kv_offsets_BM1, scale=scale, mask_type=mask_type, qkv_layout="BTNH")
+
+
+def rows_without_keys(mask: AttentionMask | None, *, batch: int, queries: int) -> Array | None:
+  """bool ``[B, T]``: the queries ``mask`` lets attend no key; None where there can be none.
+
+  A compare-and-reduce that XLA fuses: nothing ``T x S`` is stored, and no gradient.
+  """
+  if mask is None or (mask.key_valid is None and not mask.packed):
+    return None  # no mask, or causality alone: query t always has key 0
+  allowed = mask.dense(batch=batch, queries=queries)
+  assert allowed is not None
+  empty_B1T = jnp.logical_not(jnp.any(allowed, axis=-1))
+  return jnp.broadcast_to(empty_B1T[:, 0], (batch, queries))
+
+
+def _einsums_on_empty_rows(out_BTHK: Array, v_BSHK: Array, empty_BT: Array | None) -> Array:
+  """``out_BTHK`` with the einsums' answer on rows that attend no key: uniform weights over
+  every key (the mean of the values), no gradient to the queries and keys. The kernels'
+  own answer there differs in the backward pass (splash: S x the values' gradient and
+  ~1e11 for the queries'), and their cotangent is zero there after this."""
+  if empty_BT is None:
+    return out_BTHK
+  mean_B1HK = jnp.mean(v_BSHK.astype(jnp.float32), axis=1, keepdims=True).astype(out_BTHK.dtype)
+  return jnp.where(empty_BT[:, :, None, None], mean_B1HK, out_BTHK)
 
 
 def _block(length: int) -> int:
@@ -153,8 +298,18 @@ def _block(length: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _splash_kernel(heads: int, queries: int, keys: int, causal: bool, interpret: bool):
-  """A splash kernel for one row's ``[H, T, K]`` queries against ``[H, S, K]`` keys."""
+def _splash_kernel_parts(heads: int, queries: int, keys: int, causal: bool, interpret: bool):
+  """A splash kernel for one row's ``[H, T, K]`` queries against ``[H, S, K]`` keys, taken
+  apart: its pytree structure (static) and its mask-info leaves as NumPy arrays.
+
+  Only these static parts are cached. ``make_splash_mha`` turns its mask info into
+  jax arrays; built inside a trace, those are that trace's tracers, and a kernel
+  cached with them would hand dead tracers to the next trace of the same shapes (a
+  validation step after a training step: ``UnexpectedTracerError``), or, when only
+  lowered, make them inputs of the program. So the kernel is built once outside any
+  trace (``jax.ensure_compile_time_eval``) and each call puts it together again from
+  the NumPy leaves, which become constants of the program being traced.
+  """
   # Imported here: Pallas' TPU ops are needed only by this choice.
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=import-outside-toplevel
   shape = (queries, keys)
@@ -164,8 +319,18 @@ def _splash_kernel(heads: int, queries: int, keys: int, causal: bool, interpret:
                             block_q_dkv=block_q, block_kv_dkv=block_kv,
                             block_kv_dkv_compute=block_kv, block_q_dq=block_q,
                             block_kv_dq=block_kv)
-  return splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads), block_sizes=sizes,
-                                head_shards=1, q_seq_shards=1, interpret=interpret)
+  with jax.ensure_compile_time_eval():
+    kernel = splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads),
+                                    block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                    interpret=interpret)
+  leaves, treedef = jax.tree.flatten(kernel)
+  return treedef, tuple(np.asarray(leaf) for leaf in leaves)
+
+
+def _splash_kernel(heads: int, queries: int, keys: int, causal: bool, interpret: bool):
+  """The splash kernel for these shapes, its mask info as constants of the current trace."""
+  treedef, leaves = _splash_kernel_parts(heads, queries, keys, causal, interpret)
+  return jax.tree.unflatten(treedef, [jnp.asarray(leaf) for leaf in leaves])
 
 
 def splash_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMask | None, *,
@@ -217,7 +382,7 @@ def splash_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Attentio
     return rows(q_BTHK, k_BSHK, v_BSHK, *segments)
   # A Pallas kernel is one custom call the SPMD partitioner cannot split: run it
   # per shard, rows on "data" and heads on "model" where they divide evenly.
-  rules = dict(partitioning.ACTIVATION_RULES)
+  rules = partitioning.active_rules()
   names = (partitioning.BATCH, partitioning.LENGTH, partitioning.HEADS, partitioning.KV)
   spec = lambda x: partitioning.spec_for(x.shape, names, mesh, rules)
   q_spec, kv_spec = spec(q_BTHK), spec(k_BSHK)
@@ -230,13 +395,19 @@ def splash_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: Attentio
 def fused_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMask | None, *,
                     implementation: str, scale: float,
                     bias: Array | None = None) -> Array:
-  """Attention through the resolved fused ``implementation`` ("xla", "cudnn" or "splash")."""
+  """Attention through the resolved fused ``implementation`` ("xla", "cudnn" or "splash").
+
+  Rows that attend no key get the einsums' answer (``rows_without_keys``).
+  """
+  empty_BT = rows_without_keys(mask, batch=q_BTHK.shape[0], queries=q_BTHK.shape[1])
   if implementation == "splash":
-    return splash_attention(q_BTHK, k_BSHK, v_BSHK, mask, scale=scale)
+    out_BTHK = splash_attention(q_BTHK, k_BSHK, v_BSHK, mask, scale=scale)
+    return _einsums_on_empty_rows(out_BTHK, v_BSHK, empty_BT)
   if implementation == "cudnn" and traced_platform() != "gpu":
     raise ValueError(f"attention_impl='cudnn' needs an NVIDIA GPU, but the program is traced "
                      f"for {traced_platform()}: use 'auto' (cuDNN on GPUs, the einsums "
                      "elsewhere), 'einsum' or 'xla'")
   jax_choice = cast(Literal["xla", "cudnn"], implementation)
-  return jax_attention(q_BTHK, k_BSHK, v_BSHK, mask, scale=scale, implementation=jax_choice,
-                       bias=bias)
+  out_BTHK = jax_attention(q_BTHK, k_BSHK, v_BSHK, mask, scale=scale, implementation=jax_choice,
+                           bias=bias)
+  return _einsums_on_empty_rows(out_BTHK, v_BSHK, empty_BT)

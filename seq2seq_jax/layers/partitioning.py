@@ -88,6 +88,13 @@ def active_mesh() -> Mesh | None:
   return None if active is None else active[0]
 
 
+def active_rules() -> dict[str, str | None]:
+  """The logical-name rules of the innermost ``activation_sharding`` block (the defaults,
+  ``ACTIVATION_RULES``, outside one)."""
+  active = _ACTIVE.get()
+  return dict(ACTIVATION_RULES) if active is None else dict(active[1])
+
+
 def spec_for(shape: Sequence[int], names: Sequence[str | None], mesh: Mesh,
              rules: dict[str, str | None]) -> P:
   """The ``PartitionSpec`` of an activation: each named axis on its mesh axis when that

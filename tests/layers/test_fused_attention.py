@@ -38,6 +38,7 @@ def _cases():
   q_segments = jnp.asarray(np.stack([_segments((100, 120), T), _segments((256,), T)]))
   self_segments = jnp.asarray(np.stack([_segments((90, 100, 30), T), _segments((200,), T)]))
   k_segments = jnp.asarray(np.stack([_segments((60, 50), S), _segments((128,), S)]))
+  empty_k_segments = jnp.asarray(np.stack([np.zeros(S, np.int32), _segments((128,), S)]))
   return {
       "padding": (AttentionMask(key_valid=valid((200, 256), T)), T, T),
       "causal": (AttentionMask(causal=True), T, T),
@@ -50,6 +51,12 @@ def _cases():
                                       key_segment_ids=self_segments, causal=True), T, T),
       "packed_cross": (AttentionMask(key_valid=k_segments != 0, query_segment_ids=q_segments,
                                      key_segment_ids=k_segments), T, S),
+      # Row 0 attends no key at all: the einsums give the mean of the values and no
+      # gradient to q or k; every kernel must give the same, forward and backward.
+      "empty_rows": (AttentionMask(key_valid=valid((0, 90), S)), T, S),
+      "packed_empty_rows": (AttentionMask(key_valid=empty_k_segments != 0,
+                                          query_segment_ids=q_segments,
+                                          key_segment_ids=empty_k_segments), T, S),
   }
 
 
@@ -124,17 +131,37 @@ def test_a_dropped_segment_mask_would_fail_the_comparison():
   assert np.max(np.abs(np.asarray(got - want))[real]) > 1e-2
 
 
-def fake_device(monkeypatch, platform, kind):
-  """Traces as if for a device of ``platform`` and ``kind`` (its ``device_kind``)."""
+def fake_device(monkeypatch, platform, kind, capability=None):
+  """Traces as if for a device of ``platform``, ``kind`` (its ``device_kind``) and, for an
+  NVIDIA GPU, compute ``capability``."""
   device = types.SimpleNamespace(platform=platform, device_kind=kind)
+  if capability is not None:
+    device.compute_capability = capability
   monkeypatch.setattr(fused_attention, "_traced_device", lambda: device)
 
 
-class _FakeGPU:
-  """Traces as if for an NVIDIA GPU and runs cuDNN's call through XLA's implementation."""
+def _dense_from_layout(lengths_BM, offsets_BM1, total):
+  """Segment ids ``[B, total]`` rebuilt from cuDNN's packed layout (0 outside every segment)."""
+  ids = np.zeros((lengths_BM.shape[0], total), np.int32)
+  for row, (lengths, offsets) in enumerate(zip(np.asarray(lengths_BM), np.asarray(offsets_BM1))):
+    for segment, (length, offset) in enumerate(zip(lengths, offsets[:-1]), start=1):
+      if length >= 0:
+        ids[row, offset:offset + length] = segment
+  return ids
 
-  def __init__(self, monkeypatch):
-    self.calls = []
+
+class _FakeGPU:
+  """Traces as if for an NVIDIA GPU and runs cuDNN's calls without one.
+
+  The public call runs through XLA's implementation with the same arguments. The
+  packed layout's call (jax's private cuDNN one) is answered by the einsums over a
+  mask rebuilt from the segment lengths and offsets it was given, so a wrong
+  layout changes the result.
+  """
+
+  def __init__(self, monkeypatch, capability="9.0"):
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    self.calls, self.packed_calls = [], []
     real = jax.nn.dot_product_attention
 
     def recorded(*args, implementation=None, **kwargs):
@@ -142,14 +169,27 @@ class _FakeGPU:
       return real(*args, implementation="xla" if implementation == "cudnn" else implementation,
                   **kwargs)
 
-    fake_device(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3")
+    def packed(q, k, v, bias, mask, q_lengths, kv_lengths, q_offsets, kv_offsets, *, scale,
+               mask_type, qkv_layout):
+      assert bias is None and mask is None and qkv_layout == "BTNH"
+      self.packed_calls.append(dict(mask_type=mask_type, segments=q_lengths.shape[1]))
+      q_ids = jax.pure_callback(
+          lambda a, b: _dense_from_layout(a, b, q.shape[1]),
+          jax.ShapeDtypeStruct(q.shape[:2], jnp.int32), q_lengths, q_offsets)
+      k_ids = jax.pure_callback(
+          lambda a, b: _dense_from_layout(a, b, k.shape[1]),
+          jax.ShapeDtypeStruct(k.shape[:2], jnp.int32), kv_lengths, kv_offsets)
+      rebuilt = AttentionMask(key_valid=k_ids != 0, query_segment_ids=q_ids,
+                              key_segment_ids=k_ids,
+                              causal=mask_type == cudnn.MaskType.PADDING_CAUSAL)
+      return attention.dot_product_attention(q, k, v, rebuilt, scale=scale)
+
+    fake_device(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", capability)
     monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
+    monkeypatch.setattr(cudnn, "dot_product_attention", packed)
 
 
-@pytest.mark.parametrize("case", ["causal_padding", "packed_causal", "packed_cross"])
-def test_cudnn_takes_bfloat16_masks_as_a_bias_and_causality_as_its_own(monkeypatch, case):
-  gpu = _FakeGPU(monkeypatch)
-  mask, queries, keys = _cases()[case]
+def _assert_cudnn_equals_the_einsums(mask, queries, keys):
   q, k, v = _qkv(3, queries, keys, jnp.bfloat16)
   real = _real_queries(mask, queries)
   want_out, want_grads = _outputs_and_grads(None, mask, q, k, v, real)
@@ -157,9 +197,47 @@ def test_cudnn_takes_bfloat16_masks_as_a_bias_and_causality_as_its_own(monkeypat
     got_out, got_grads = _outputs_and_grads(implementation, mask, q, k, v, real)
     _assert_close(got_out, want_out, real, 3e-2)
     _assert_close(got_grads[0], want_grads[0], real, 6e-2)
+    for got, want in zip(got_grads[1:], want_grads[1:]):
+      _assert_close(got, want, np.ones(got.shape[:2], bool), 6e-2)
+
+
+@pytest.mark.parametrize("case", ["causal_padding", "cross_padding", "empty_rows"])
+def test_cudnn_takes_padding_as_lengths_and_causality_as_its_own(monkeypatch, case):
+  """Nothing T x S reaches cuDNN: each row's key length and its causal flag."""
+  gpu = _FakeGPU(monkeypatch)
+  mask, queries, keys = _cases()[case]
+  _assert_cudnn_equals_the_einsums(mask, queries, keys)
   call = gpu.calls[-1]
   assert call["implementation"] == "cudnn" and call["is_causal"] == mask.causal
-  assert call["mask"] is not None and call["mask"].shape == (B, 1, queries, keys)
+  assert call["mask"] is None and call["bias"] is None
+  want_lengths = np.maximum(np.asarray(mask.key_valid).sum(axis=1), 1)
+  np.testing.assert_array_equal(call["key_value_seq_lengths"], want_lengths)
+
+
+@pytest.mark.parametrize("case", ["packed_causal", "packed_cross", "packed_empty_rows"])
+def test_cudnn_takes_packed_rows_as_its_packed_layout_on_hopper(monkeypatch, case):
+  gpu = _FakeGPU(monkeypatch, capability="9.0")
+  mask, queries, keys = _cases()[case]
+  _assert_cudnn_equals_the_einsums(mask, queries, keys)
+  assert not gpu.calls and gpu.packed_calls[-1]["segments"] == min(queries, keys)
+
+
+def test_cudnn_before_hopper_takes_packed_rows_as_a_bias_and_says_so(monkeypatch, caplog):
+  monkeypatch.setattr(fused_attention, "_LOGGED", set())
+  gpu = _FakeGPU(monkeypatch, capability="8.0")
+  mask, queries, keys = _cases()["packed_cross"]
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax"):
+    _assert_cudnn_equals_the_einsums(mask, queries, keys)
+  assert not gpu.packed_calls and gpu.calls[-1]["mask"].shape == (B, 1, queries, keys)
+  assert any("dense [B, 1, T, S] bias" in r.getMessage() for r in caplog.records)
+
+
+def test_the_packed_layout_is_each_segments_length_and_offset():
+  ids = jnp.array([[1, 1, 1, 2, 3, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
+  lengths, offsets = fused_attention.segment_layout(ids, segments=4)
+  assert lengths.tolist() == [[3, 1, 2, -1], [8, -1, -1, -1]]
+  assert offsets.tolist() == [[0, 3, 4, -1, -1], [0, -1, -1, -1, -1]]
+  np.testing.assert_array_equal(_dense_from_layout(lengths, offsets, 8), ids)
 
 
 def test_cudnn_is_refused_by_name_when_traced_for_another_platform():
@@ -181,11 +259,14 @@ def test_auto_runs_the_einsums_on_the_cpu_bit_for_bit(monkeypatch):
   assert fused_attention.resolve("auto") == "einsum"
 
 
-@pytest.mark.parametrize("platform, kind, kernel", [
-    ("tpu", "TPU v5 lite", "splash"), ("gpu", "NVIDIA H100 80GB HBM3", "cudnn"),
-    ("gpu", "AMD Instinct MI300X", "einsum"), ("cpu", "cpu", "einsum")])
-def test_auto_resolves_by_the_traced_platform(monkeypatch, platform, kind, kernel):
-  fake_device(monkeypatch, platform, kind)
+@pytest.mark.parametrize("platform, kind, capability, kernel", [
+    ("tpu", "TPU v5 lite", None, "splash"), ("gpu", "NVIDIA H100 80GB HBM3", "9.0", "cudnn"),
+    ("gpu", "NVIDIA A100-SXM4-40GB", "8.0", "cudnn"),
+    ("gpu", "NVIDIA GeForce GTX 1080 Ti", "6.1", "einsum"),  # pre-Ampere: no flash attention
+    ("gpu", "Tesla V100-SXM2-16GB", "7.0", "einsum"),
+    ("gpu", "AMD Instinct MI300X", "gfx942", "einsum"), ("cpu", "cpu", None, "einsum")])
+def test_auto_resolves_by_the_traced_platform(monkeypatch, platform, kind, capability, kernel):
+  fake_device(monkeypatch, platform, kind, capability)
   assert fused_attention.resolve("auto") == kernel
   assert fused_attention.resolve("xla") == "xla"
 
@@ -202,12 +283,17 @@ def _refusal_cases():
       ("splash", q, k, dict(no, bias=bias), "bias"),
       ("splash", short_q, short_k, no, "not multiples of splash's block of 128"),
       ("cudnn", q, k, no, "bfloat16 or float16, not float32"),
+      ("old_gpu", q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), no,
+       "compute capability 8.0 or later, not 7.5"),
       ("xla", q, k, dict(no, return_weights=True), "weights are asked for"),
   ]
 
 
 @pytest.mark.parametrize("implementation, q, k, flags, reason", _refusal_cases())
-def test_each_refusal_is_named(implementation, q, k, flags, reason):
+def test_each_refusal_is_named(monkeypatch, implementation, q, k, flags, reason):
+  if implementation == "old_gpu":
+    fake_device(monkeypatch, "gpu", "NVIDIA GeForce RTX 2080", "7.5")
+    implementation = "cudnn"
   assert reason in fused_attention.refusal(implementation, q, k, **flags)
 
 
