@@ -330,3 +330,60 @@ def test_the_dense_form_is_the_masks_the_models_built():
   assert AttentionMask().dense(batch=B, queries=5) is None
   with pytest.raises(ValueError, match="go together"):
     AttentionMask(query_segment_ids=jnp.ones((B, 5), jnp.int32))
+
+
+def test_xla_adds_a_score_bias_in_float32_as_the_einsums_do(monkeypatch):
+  calls = []
+  real = jax.nn.dot_product_attention
+
+  def recorded(*args, **kwargs):
+    calls.append(kwargs)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
+  mask, queries, keys = _cases()["padding"]
+  q, k, v = _qkv(11, queries, keys, jnp.bfloat16)
+  # A bias whose values bfloat16 would round (8 bits of mantissa): 1 + 2^-10 ...
+  bias = jnp.asarray(np.random.default_rng(12).standard_normal((1, H, queries, keys)) * 3.0
+                     + 2.0 ** -10, jnp.float32)
+  got = attention.dot_product_attention(q, k, v, mask, implementation="xla", bias=bias)
+  want = attention.dot_product_attention(q, k, v, mask, bias=bias)
+  assert calls[-1]["bias"].dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                             rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("rules_name", ["default", "heads_whole"])
+def test_splash_on_a_data_x_model_mesh_runs_per_shard_by_the_active_rules(monkeypatch, rules_name):
+  """The multi-device path: ``jax.shard_map`` over a 4 x 2 mesh, rows on data, heads on model
+  unless the active rules say otherwise; the result is the einsums'."""
+  from seq2seq_jax.layers import partitioning
+  from seq2seq_jax.training.sharding import make_mesh
+  mesh = make_mesh(2)
+  rules = dict(partitioning.ACTIVATION_RULES)
+  if rules_name == "heads_whole":
+    rules[partitioning.HEADS] = None
+  specs = []
+  real = jax.shard_map
+
+  def recorded(fn, **kwargs):
+    specs.append(kwargs["in_specs"])
+    return real(fn, **kwargs)
+
+  monkeypatch.setattr(jax, "shard_map", recorded)
+  mask, queries, keys = _cases()["packed_cross"]
+  q, k, v = _qkv(13, queries, keys)
+  # 4 rows (one per data shard) of 6 heads (3 per model shard)
+  q, k, v = (jnp.concatenate([jnp.concatenate([x, -x], axis=2)] * 2) for x in (q, k, v))
+  mask = jax.tree.map(lambda x: jnp.concatenate([x] * 2), mask)
+
+  def run(q, k, v, mask):
+    with partitioning.activation_sharding(mesh, tuple(rules.items())):
+      return attention.dot_product_attention(q, k, v, mask, implementation="splash")
+
+  got = jax.jit(run)(q, k, v, mask)
+  want = attention.dot_product_attention(q, k, v, mask)
+  real_BT = np.concatenate([_real_queries(_cases()["packed_cross"][0], queries)] * 2)
+  _assert_close(got, want, real_BT, 2e-5)
+  want_spec = ("data",) if rules_name == "heads_whole" else ("data", None, "model")
+  assert tuple(specs[-1][0]) == want_spec
