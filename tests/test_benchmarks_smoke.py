@@ -204,7 +204,7 @@ def test_input_pipeline_quick(tmp_path):
 @pytest.mark.slow
 def test_tpu_anchors_quick(tmp_path):
   """The script on the tiny preset (its ratios mean nothing at that size; the full-size
-  runs' checks against the printed bands are tests/aot/test_anchors.py's, from the JSON):
+  runs' checks against the printed ranges are tests/aot/test_anchors.py's, from the JSON):
   every anchor compiled for its own slice, each held out, and the tables rendered from the
   JSON as RESULTS.md holds them."""
   payload = _run("tpu_anchors", tmp_path, "--cache", str(tmp_path / "cache"))

@@ -18,10 +18,11 @@ published peak (``cycle_seconds``, ``cycles_per_second``). No measured step ente
 charges what the roofline cannot see (matrix shapes that fill the matrix units badly,
 vector work such as dropout's random bits), adds up instructions that may overlap, and
 leaves out collectives (the compiler writes no cycles on them). Published training steps
-of the Transformer big took, as a multiple of it, TPU v3: 0.29-2.3x; TPU v4: 0.21-1.1x (95 %
-prediction bands, ``STEP_BANDS``, from benchmarks/tpu_anchors.py's runs; each run held out
-lies in the band of the others); on v5e, v5p and v6e: not measured. A report's
-``step_band_seconds`` is its estimate times its generation's band.
+of the Transformer big (einsum attention) took, as a multiple of it, TPU v3: 0.57-1.38x (5
+runs, 4 programs, 4 upper bounds); TPU v4: 0.39-0.54x (3 runs, 2 programs, 3 upper bounds):
+the lowest and highest ratio observed (``STEP_RANGES``, from benchmarks/tpu_anchors.py's
+runs), not an interval with a stated coverage. v5e, v5p and v6e have no published run and
+no range. A report's ``step_range_seconds`` is its estimate times its generation's range.
 
 A packed training program (``data.packing``) has rows of the largest bucket, every
 slot of which the compiler costs; how many slots hold real tokens depends on the
@@ -90,43 +91,67 @@ ASSUMED_PACKING_FILL = 0.963
 BUCKETING_FILL_MEASURED = 0.804  # the same corpus bucketed, for the comparison in the table
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRange:
+  """What published training steps of one TPU generation took, as a multiple of the
+  report's cycle estimate: the lowest and highest ratio of its runs, nothing fitted.
+
+  Attributes:
+    low: the smallest ratio (measured step / ``cycles_step_seconds``), rounded down to
+      two decimals.
+    high: the largest, rounded up to two decimals.
+    runs: the published runs it is the range of.
+    programs: the distinct programs among them (two runs with the same batch a device on
+      slices of different size compile to one device program, but for its collectives).
+    upper_bounds: the runs whose measured time is an upper bound (an evaluation inside the
+      timed interval), the rest being exact.
+  """
+
+  low: float
+  high: float
+  runs: int
+  programs: int
+  upper_bounds: int
+
+  def text(self) -> str:
+    """``"0.57-1.38x (5 runs, 4 programs, 4 upper bounds)"``, as tables and guides print it."""
+    counts = [(self.runs, "run"), (self.programs, "program"), (self.upper_bounds, "upper bound")]
+    return f"{self.low:.2f}-{self.high:.2f}x (" + ", ".join(
+        f"{n} {word}{'s' * (n != 1)}" for n, word in counts) + ")"
+
+
 # Published training steps' time over the report's cycle estimate (``cycles_step_seconds``,
-# "cyc. ms"), per chip generation: the 95 % prediction band (``prediction_band``) of the
-# published runs of that generation in benchmarks/tpu_anchors.py, which writes these figures
-# and checks each run held out (the band of the others holds it). A generation with no
-# published run has no band ("not measured"): none is borrowed from another.
-STEP_BANDS: dict[str, tuple[float, float]] = {"v3": (0.29, 2.3), "v4": (0.21, 1.1)}
+# "cyc. ms"), per chip generation: the observed range of the published runs of that
+# generation in benchmarks/tpu_anchors.py, which prints these figures from its JSON
+# (tests/aot/test_anchors.py checks them against it). All the runs are of einsum-attention
+# programs. A generation with no published run has no range: none is borrowed from another.
+STEP_RANGES: dict[str, StepRange] = {
+    "v3": StepRange(low=0.57, high=1.38, runs=5, programs=4, upper_bounds=4),
+    "v4": StepRange(low=0.39, high=0.54, runs=3, programs=2, upper_bounds=3),
+}
 
-# Student's t distribution, its 97.5th percentile by degrees of freedom (two-sided 95 %).
-_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-          9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}
+
+def step_range(chip: str) -> StepRange | None:
+  """``STEP_RANGES``' range for chip generation ``chip`` (``"v3"``), or ``None``: no
+  published run."""
+  return STEP_RANGES.get(chip)
 
 
-def prediction_band(ratios: Sequence[float]) -> tuple[float, float] | None:
-  """The band one more ratio falls in with 95 % probability, from ``ratios`` (measured
-  over estimated step times), taking their logarithms as normal draws: ``exp(m -+ t s
-  sqrt(1 + 1/n))`` with their mean m, sample deviation s and Student's t for n - 1
-  degrees of freedom. ``None`` for fewer than two ratios (no spread to go by)."""
-  n = len(ratios)
-  if n < 2 or n - 1 > max(_T_975):
+def range_text(chip: str) -> str:
+  """``"0.57-1.38x (5 runs, 4 programs, 4 upper bounds)"``: the range of ``chip`` as the
+  tables and guides print it, or ``"not measured (no published run)"``."""
+  observed = step_range(chip)
+  return "not measured (no published run)" if observed is None else observed.text()
+
+
+def step_range_seconds(chip: str, cycles_step_seconds: float | None
+                       ) -> tuple[float, float] | None:
+  """``cycles_step_seconds`` times ``chip``'s ``STEP_RANGES`` range: the step times the
+  published runs' ratios would give; ``None`` without an estimate or a range."""
+  observed = step_range(chip)
+  if observed is None or cycles_step_seconds is None:
     return None
-  logs = [math.log(r) for r in ratios]
-  mean = sum(logs) / n
-  deviation = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-  half = _T_975[n - 1] * deviation * math.sqrt(1 + 1 / n)
-  return math.exp(mean - half), math.exp(mean + half)
-
-
-def step_band(chip: str) -> tuple[float, float] | None:
-  """``STEP_BANDS``' band for chip generation ``chip`` (``"v3"``), or ``None``: not measured."""
-  return STEP_BANDS.get(chip)
-
-
-def band_text(chip: str) -> str:
-  """``"0.31-2.2x"``: the band of ``chip`` as the tables and guides print it, or
-  ``"not measured"``."""
-  band = step_band(chip)
-  return "not measured" if band is None else f"{band[0]:.2g}-{band[1]:.2g}x"
+  return observed.low * cycles_step_seconds, observed.high * cycles_step_seconds
 
 
 @dataclasses.dataclass
@@ -164,10 +189,13 @@ class CompileReport:
   hbm_mfu: float | None = None
   cycles_step_seconds: float | None = None  # the compiler's cycle estimate (see the module)
   cycles_mfu: float | None = None
-  # cycles_step_seconds times the chip generation's STEP_BANDS: where a real step is
-  # expected to fall; None where the generation has no published run to go by.
-  step_band_seconds: tuple[float, float] | None = None
+  # cycles_step_seconds times the chip generation's STEP_RANGES (step_range_seconds): the
+  # step the published runs' ratios would give; None where the generation has none.
+  step_range_seconds: tuple[float, float] | None = None
   kernel_flops_per_chip: float | None = None  # fused kernels' FLOPs by formula, in flops_per_chip
+  # The model's configured attention_impl (einsum, xla, cudnn, splash, auto); "" for a model
+  # without one. STEP_RANGES are of einsum programs; the table says so beside any other.
+  attention_impl: str = ""
   kernels: str = ""  # the fused kernels a step calls and how they were costed
   message: str = ""
   decode_step: dict[str, Any] | None = None
@@ -390,14 +418,11 @@ def compile_program(program: programs_lib.Program, target: Target, *,
   if cycle_time:
     report.cycles_step_seconds = cycle_time
     report.cycles_mfu = flops / (report.cycles_step_seconds * target.chip.device_peak_flops)
-    band = step_band(target.chip.name)
-    if band is not None:
-      report.step_band_seconds = (band[0] * report.cycles_step_seconds,
-                                  band[1] * report.cycles_step_seconds)
+    report.step_range_seconds = step_range_seconds(target.chip.name, cycle_time)
   if not loops.counted:  # figures of one trip of some loop: no time, no MFU
     report.estimated_step_seconds = report.estimated_mfu = None
     report.hbm_step_seconds = report.hbm_mfu = None
-    report.cycles_step_seconds = report.cycles_mfu = report.step_band_seconds = None
+    report.cycles_step_seconds = report.cycles_mfu = report.step_range_seconds = None
   if program.name == "generate":  # what runs once, outside the search's loop
     report.search = {"flops_outside_loop": max(0.0, float(cost["flops"]) - loops.flops_in_loops),
                      "bytes_outside_loop": max(0.0, float(cost.get("bytes accessed", 0.0))
@@ -468,8 +493,9 @@ def compile_report(config: ExperimentConfig, target: str | Target, program: str 
                      else 1)
   built = programs_lib.build_program(program, config, mesh, rows=rows, length=length,
                                      model=model)
-  name = describe_model(built_model(config, program, model))
-  report = compile_program(built, target, model_name=name, compiler=compiler)
+  built_as = built_model(config, program, model)
+  report = compile_program(built, target, model_name=describe_model(built_as), compiler=compiler)
+  report.attention_impl = attention_impl_of(built_as)
   if program == "generate" and report.fits:
     step = _decode_step_summary(config, target, mesh, built.rows, built.source_len, model)
     report.decode_step = step
@@ -504,6 +530,12 @@ def _whole_search(outside: dict[str, float], step: dict[str, Any], steps: int,
           "how": (f"the program outside its loop once, plus {steps} decoding steps (the "
                   "output limit) each compiled without loops at the last position: an upper "
                   "bound, a search that stops early costs less")}
+
+
+def attention_impl_of(model: nn.Module) -> str:
+  """The ``attention_impl`` of ``model``'s config (``"einsum"``, ``"splash"`` ...), or
+  ``""`` for a model whose config has none (the recurrent family)."""
+  return str(getattr(getattr(model, "config", None), "attention_impl", ""))
 
 
 def built_model(config: ExperimentConfig, program: str, model: nn.Module | None) -> nn.Module:
@@ -714,19 +746,27 @@ def format_table(reports: Sequence[CompileReport]) -> str:
              "bytes accessed / bandwidth); HBM GB and HBM ms: the same with the bytes that "
              "cross the HBM bus, read off the compiled program (seq2seq_jax.aot.hlo); cyc. ms: "
              "the compiler's own cycle estimates summed, a cycle timed by a large matmul at "
-             "peak: the estimate to plan with. " + band_note(r.chip for r in reports))
+             "peak: the estimate to plan with. "
+             + range_note((r.chip for r in reports), (r.attention_impl for r in reports)))
   return "\n".join(out)
 
 
-def band_note(chips: Iterable[str]) -> str:
-  """The footnote's sentence on how far to trust "cyc. ms" on each TPU generation named
-  (``STEP_BANDS``; "not measured" where no published run exists)."""
+def range_note(chips: Iterable[str], attention_impls: Iterable[str] = ()) -> str:
+  """The footnote's sentences on how far to trust "cyc. ms" on each TPU generation named
+  (``STEP_RANGES``; "not measured", with no range, where no published run exists), and,
+  when a range is printed and ``attention_impls`` (the programs') names any attention
+  other than the einsums, that the ranges come from einsum programs."""
   names = list(dict.fromkeys(c for c in chips if c in CHIPS and CHIPS[c].platform == "tpu"))
   if not names:
     return "No published run bounds these estimates."
-  parts = [f"TPU {c}: {band_text(c)}" for c in names]
-  return ("Published training steps took, as a multiple of cyc. ms (95 % prediction band, "
-          "RESULTS.md): " + "; ".join(parts) + ".")
+  parts = [f"TPU {c}: {range_text(c)}" for c in names]
+  note = ("Published training steps of the Transformer big took, as a multiple of cyc. ms "
+          "(the lowest and highest ratio of the runs, RESULTS.md): " + "; ".join(parts) + ".")
+  fused = sorted({a for a in attention_impls if a and a != "einsum"})
+  if fused and any(step_range(c) is not None for c in names):
+    note += (f" Those runs are of einsum-attention programs; attention_impl={'/'.join(fused)} "
+             "is not among them.")
+  return note
 
 
 def packing_note(report: CompileReport) -> str:

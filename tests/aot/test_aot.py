@@ -149,11 +149,12 @@ def test_the_compiler_s_cycle_estimate_counts_every_trip():
   ten, twenty, thirty = cycles(10), cycles(20), cycles(30)
   assert 0 < ten < twenty < thirty and thirty - twenty == twenty - ten
   # A small program is slower than its roofline (its cycles carry the work FLOPs do not
-  # count), never faster; its band is the chip generation's ("not measured" on v5e).
+  # count), never faster; v5e has no published run, so no step range.
   report = aot.compile_report(TINY, target, "train")
   assert report.cycles_mfu is not None and 0 < report.cycles_mfu < 1
   assert report.cycles_step_seconds > report.estimated_step_seconds
-  assert report.step_band_seconds is None and "TPU v5e: not measured" in aot.format_table([report])
+  assert report.step_range_seconds is None and "TPU v5e: not measured" in aot.format_table([report])
+  assert report.attention_impl == "einsum"
   assert "cyc. ms" in aot.format_table([report])
 
 
