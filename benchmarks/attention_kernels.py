@@ -14,6 +14,11 @@ Programs:
   H100 (needs jax's CUDA plugin and cuDNN's wheel: ``make test-cuda`` installs them
   in ``.cuda-compile``; run with ``PYTHONPATH=.cuda-compile JAX_PLATFORMS=cpu
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1``; XLA's GPU compiler gives memory, no cost analysis);
+- ``masks``: how a mask reaches cuDNN, on one compile-only H100: a bf16 causal attention
+  layer and its gradient (104 rows of 256, 8 heads of 64) with key lengths (padding, what
+  the library passes for unpacked rows), the ``[B, 1, T, S]`` bias (what it passes for
+  packed rows), and jax's private packed layout (segment lengths and offsets) with 256
+  and 32 segment slots a row; temporaries from the compiler;
 - ``nllb``: fine-tuning NLLB-200 600M (its config.json figures; no dropout on the
   attention weights, which no kernel takes) on rows of 512 and of 1,024 tokens a side,
   where the ``T x S`` scores weigh most, FSDP on ``v5e:2x4``.
@@ -21,7 +26,7 @@ Programs:
 Compiler-derived estimates (libtpu and XLA's GPU compiler on this CPU), not measurements.
 
 Usage:
-  python benchmarks/attention_kernels.py [--sections wmt,nllb] [--targets v5e:2x4,h100]
+  python benchmarks/attention_kernels.py [--sections wmt,masks,nllb] [--targets v5e:2x4,h100]
       [--no-max-batch] [--out F] [--plot F.png]
 """
 
@@ -133,6 +138,84 @@ def run_nllb(results: Results, s: dict[str, Any]) -> None:
                rows=NLLB_ROWS, length=length)
 
 
+MASK_SHAPE = dict(rows=104, length=256, heads=8, head_dim=64)
+
+
+def _mask_layer(form: str, slots: int):
+  """A jitted gradient of one cuDNN attention layer whose mask takes ``form``."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from seq2seq_jax.layers.attention import AttentionMask, dot_product_attention  # pylint: disable=import-outside-toplevel
+
+  def packed_layout(q, k, v, segments):
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=import-outside-toplevel
+    rows = segments.shape[0]
+    counts = jnp.zeros((rows, slots + 1), jnp.int32).at[jnp.arange(rows)[:, None], segments].add(
+        1, mode="drop")[:, 1:]
+    present = jnp.arange(1, slots + 1)[None] <= jnp.max(segments, axis=1, keepdims=True)
+    lengths = jnp.where(present, counts, -1)
+    offsets = jnp.where(present, jnp.cumsum(counts, axis=1) - counts, -1)
+    offsets = jnp.concatenate([offsets, jnp.full((rows, 1), -1, jnp.int32)], axis=1)
+    return cudnn.dot_product_attention(q, k, v, None, None, lengths, lengths, offsets, offsets,
+                                       scale=0.125, mask_type=cudnn.MaskType.PADDING_CAUSAL)
+
+  def loss(q, k, v, segments):
+    if form == "packed layout":
+      out = packed_layout(q, k, v, segments)
+    else:
+      mask = (AttentionMask(key_valid=segments != 0, causal=True) if form == "key lengths" else
+              AttentionMask(key_valid=segments != 0, query_segment_ids=segments,
+                            key_segment_ids=segments, causal=True))
+      out = dot_product_attention(q, k, v, mask, implementation="cudnn")
+    return out.astype(jnp.float32).sum()
+
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def run_masks(results: Results, s: dict[str, Any]) -> None:
+  """One attention layer on a compile-only H100, the mask in each form cuDNN can take."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+
+  from seq2seq_jax import aot  # pylint: disable=import-outside-toplevel
+  from seq2seq_jax.layers import partitioning  # pylint: disable=import-outside-toplevel
+  if "h100" not in s["targets"]:
+    return
+  target = aot.parse_target("h100")
+  mesh = aot.target_mesh(target)
+  # jax's packed layout asks the default backend for Hopper at trace time; a compile-only
+  # H100 is no backend, so the answer here is the H100's own.
+  cudnn.check_compute_capability = lambda capability: (9, 0) >= tuple(map(int, capability.split(".")))
+  shape = MASK_SHAPE
+  qkv = (shape["rows"], shape["length"], shape["heads"], shape["head_dim"])
+  spec = lambda dims, dtype: jax.ShapeDtypeStruct(dims, dtype, sharding=NamedSharding(mesh, P()))
+  for form, slots in (("key lengths", 0), ("bias", 0), ("packed layout", 256),
+                      ("packed layout", 32)):
+    row = dict(section="masks", form=form, slots=slots, target="h100", **shape)
+    if results.has(row):
+      continue
+    with partitioning.activation_sharding(mesh):
+      lowered = _mask_layer(form, slots).lower(spec(qkv, jnp.bfloat16), spec(qkv, jnp.bfloat16),
+                                               spec(qkv, jnp.bfloat16),
+                                               spec(qkv[:2], jnp.int32))
+    memory = lowered.compile().memory_analysis()
+    record = dict(row, temporaries_mib=memory.temp_size_in_bytes / 2**20)
+    print(json.dumps(record), flush=True)
+    results.add(record)
+
+
+def mask_table(records: list[dict[str, Any]]) -> str:
+  """Markdown: one cuDNN attention layer's temporaries for each form of its mask."""
+  lines = ["| mask reaches cuDNN as | segment slots a row | temporaries MiB |", "|---|---|---|"]
+  for r in records:
+    if r["section"] == "masks":
+      lines.append(f"| {r['form']} | {r['slots'] or '-'} | {r['temporaries_mib']:.1f} |")
+  return "\n".join(lines)
+
+
 def table(records: list[dict[str, Any]]) -> str:
   """Markdown: each program's einsum and fused rows side by side."""
   lines = ["| program | target | batch | attention | temp GiB | est. ms | cyc. ms | cyc. MFU |",
@@ -140,7 +223,7 @@ def table(records: list[dict[str, Any]]) -> str:
   fmt = lambda v, f: "-" if v is None else format(v, f)
   order = lambda r: (r["section"] != "wmt", r["name"], r["target"], r["length"],
                      r.get("batch") == "largest", r["attention_impl"] != "einsum")
-  for r in sorted(records, key=order):
+  for r in sorted((r for r in records if r["section"] != "masks"), key=order):
     kernel = {"einsum": "einsums", "auto": "fused"}[r["attention_impl"]]
     batch = f"{r['rows']} x {r['length']}" + (" (largest)" if r.get("batch") == "largest" else "")
     lines.append(
@@ -156,7 +239,7 @@ def plot(records: list[dict[str, Any]], path: pathlib.Path) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   pairs = {}
   for r in records:
-    if r.get("batch") == "largest":
+    if r.get("batch") == "largest" or r["section"] == "masks":
       continue
     pairs.setdefault((r["name"], r["target"], r["length"]), {})[r["attention_impl"]] = r
   labels = [f"{n.replace('wmt14_transformer_', '').replace('nllb-200-distilled-', 'nllb ')}"
@@ -178,7 +261,7 @@ def main() -> None:
   from seq2seq_jax import benchmarking
 
   parser = benchmarking.argument_parser(__file__, __doc__)
-  parser.add_argument("--sections", default="wmt,nllb")
+  parser.add_argument("--sections", default="wmt,masks,nllb")
   parser.add_argument("--targets", default="", help="only these WMT targets (comma-separated)")
   parser.add_argument("--no-max-batch", action="store_true", help="skip the largest batches")
   parser.add_argument("--redo", action="store_true", help="recompile what --out already holds")
@@ -191,8 +274,10 @@ def main() -> None:
   results = KernelResults(args.out, args.redo)
   start = time.perf_counter()
   for name in [n.strip() for n in args.sections.split(",") if n.strip()]:
-    {"wmt": run_wmt, "nllb": run_nllb}[name](results, s)
+    {"wmt": run_wmt, "nllb": run_nllb, "masks": run_masks}[name](results, s)
   print(table(results.records))
+  if any(r["section"] == "masks" for r in results.records):
+    print(mask_table(results.records))
   print(f"{len(results.records)} records ({time.perf_counter() - start:.0f} s); "
         "compiler-derived estimates, not measurements")
   benchmarking.report(args, results.payload(), plot=plot)

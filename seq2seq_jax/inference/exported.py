@@ -72,6 +72,22 @@ def _row_counts(batch_size: int) -> tuple[int, ...]:
   return tuple(counts) + (batch_size,)
 
 
+def _portable(model: Any) -> Any:
+  """``model`` as an artifact runs it: with the einsums, whatever its ``attention_impl``.
+
+  One exported module serves every platform it names, and a fused kernel belongs to
+  one (splash is a TPU kernel, cuDNN's a GPU one; traced here, splash would be its
+  interpret mode on every platform). The einsums are the same function.
+  """
+  config = getattr(model, "config", None)
+  if getattr(config, "attention_impl", "einsum") == "einsum":
+    return model
+  from seq2seq_jax.layers import fused_attention  # pylint: disable=import-outside-toplevel
+  fused_attention.say_once(f"export: the artifact runs the einsums, not attention_impl "
+                           f"{config.attention_impl!r} (one module serves every platform)")
+  return model.clone(config=dataclasses.replace(config, attention_impl="einsum"))
+
+
 def export_translator(translator: Any, path: str | os.PathLike, *,
                       platforms: Sequence[str] = ("cpu",),
                       bucket_lengths: Sequence[int] | None = None,
@@ -115,8 +131,8 @@ def export_translator(translator: Any, path: str | os.PathLike, *,
   rows = tuple(sorted(set(row_counts or _row_counts(translator.batch_size))))
   from seq2seq_jax.decoding import search_fn  # pylint: disable=import-outside-toplevel
   n_best = config.method == "beam"
-  search = search_fn(translator.model, config, max_decode_len=config.max_decode_len,
-                     n_best=n_best)
+  search = search_fn(_portable(translator.model), config,
+                     max_decode_len=config.max_decode_len, n_best=n_best)
   params = jax.device_get(translator.params)
   leaves, treedef = jax.tree.flatten(params)
   key_data = jax.random.key_data(jax.random.key(config.seed))

@@ -4,8 +4,9 @@ A fused kernel never writes the ``[B, H, T, S]`` scores: it streams blocks of ke
 through a running softmax (flash attention) and recomputes them in the backward
 pass. Nor does it take a dense mask: the models describe theirs as an
 ``AttentionMask`` (key padding, segment ids of packed rows, causality), and each
-kernel gets it in a form that stores nothing ``T x S``, so a layer keeps ``O(T)``
-per row for the gradient instead of ``O(T * S)``.
+kernel gets it in a form that stores nothing ``T x S`` (cuDNN's packed rows
+excepted, below), so a layer keeps ``O(T)`` per row for the gradient instead of
+``O(T * S)``.
 
 The choices of ``attention_impl`` (``IMPLEMENTATIONS``):
 
@@ -17,12 +18,11 @@ The choices of ``attention_impl`` (``IMPLEMENTATIONS``):
 * ``"cudnn"``: cuDNN's flash attention (bf16 or fp16, head width a multiple of 8
   up to 128, even lengths, a GPU of compute capability 8.0 or later). Padding
   reaches it as each row's key length (``key_value_seq_lengths``: padding is at the
-  end of a row, as in every batch of the library), causality as its own causal
-  mask, packed rows as its packed layout (segment lengths and offsets, jax's
-  ``jax._src.cudnn`` call; Hopper, sm90, or later). Where that layout is not
-  there (an older GPU, a jax without it), packed rows reach cuDNN as an additive
-  ``[B, 1, T, S]`` bias, which costs ``T x S`` per row and its gradient: the log
-  says so once. Refused by name in a program traced for another platform.
+  end of a row, as in every batch of the library) and causality as its own causal
+  mask, so neither stores ``T x S``. Packed rows reach it as an additive
+  ``[B, 1, T, S]`` bias, which costs ``T x S`` per row and its gradient
+  (``PACKED_CUDNN`` says why; the log says so once). Refused by name in a program
+  traced for another platform.
 * ``"splash"``: splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``),
   one row at a time, with segment ids for padding and packed rows and a static
   causal or full block mask; both lengths must be multiples of 128. Under a mesh
@@ -51,7 +51,6 @@ einsums' function, never another one. A decoding step (one query against the
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -75,9 +74,18 @@ SPLASH_MIN_BLOCK = 128
 _SPLASH_BLOCKS = (512, 256, 128)
 # cuDNN's flash attention: head widths it takes on every GPU it runs on (Hopper: 256).
 CUDNN_MAX_HEAD_DIM = 128
-# cuDNN's flash attention runs from Ampere (sm80) on; its packed layout from Hopper (sm90).
+# cuDNN's flash attention runs from Ampere (sm80) on.
 CUDNN_MIN_CAPABILITY = (8, 0)
-CUDNN_PACKED_MIN_CAPABILITY = (9, 0)
+# Why packed rows reach cuDNN as a bias. Measured by the compiler for a compile-only H100
+# (one bf16 causal attention and its gradient, 104 rows of 256, 8 heads of 64): key lengths
+# 53 MiB of temporaries, the [B, 1, T, S] bias 79 MiB, and jax's packed layout (private,
+# ``jax._src.cudnn``: segment lengths and offsets) 260 MiB, since it keeps softmax
+# statistics of B x M x H x T floats for M segment slots a row, and M must bound every row
+# a packer can fill (min(T, S)). With 32 slots it would match the bias; no bound is known.
+PACKED_CUDNN = ("attention_impl 'cudnn': packed rows reach cuDNN as a [B, 1, T, S] bias "
+                "(jax's public call takes no segment ids, and its packed layout stores more "
+                "for rows that may hold any number of pairs): T x S per row and its "
+                "gradient are stored")
 
 logger = logging.getLogger("seq2seq_jax")
 _LOGGED: set[str] = set()
@@ -182,18 +190,15 @@ def jax_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMa
 
   Causality goes in as ``is_causal`` (cuDNN then skips the blocks above the
   diagonal) and key padding as each row's key length, so neither stores a
-  ``[T, S]`` mask. Packed rows: cuDNN's packed layout where it is there
-  (``cudnn_packed_layout``), else a boolean ``[B, 1, T, S]`` mask (cuDNN adds it as
-  a bias; the log says so). ``bias`` (a relative position bias, "xla" only) is
-  added in float32, as the einsums add it.
+  ``[T, S]`` mask. Packed rows go in as a boolean ``[B, 1, T, S]`` mask, which cuDNN
+  adds as a bias (``PACKED_CUDNN`` says why, and the log says so once). ``bias`` (a
+  relative position bias, "xla" only) is added in float32, as the einsums add it.
   """
   causal = mask is not None and mask.causal
   lengths_B = dense = None
   if mask is not None and mask.packed:
     if implementation == "cudnn":
-      packed = cudnn_packed_layout(q_BTHK, k_BSHK, v_BSHK, mask, scale=scale)
-      if packed is not None:
-        return packed
+      say_once(PACKED_CUDNN)
     dense = mask.dense(batch=q_BTHK.shape[0], queries=q_BTHK.shape[1], causal=False)
     dense = jnp.broadcast_to(dense, (dense.shape[0], 1, q_BTHK.shape[1], k_BSHK.shape[1]))
   elif mask is not None and mask.key_valid is not None:
@@ -204,69 +209,6 @@ def jax_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMa
       q_BTHK, k_BSHK, v_BSHK, mask=dense, is_causal=causal, scale=scale,
       key_value_seq_lengths=lengths_B, implementation=implementation,
       bias=None if bias is None else bias.astype(jnp.float32))
-
-
-def segment_layout(segment_ids_BT: Array, segments: int) -> tuple[Array, Array]:
-  """Packed rows as cuDNN's packed layout takes them: each segment's length and offset.
-
-  Segments are numbered 1, 2, ... in the order they lie in the row, with 0 on the
-  padding after the last (the library's packed rows). Returns int32 ``[B, M]``
-  lengths and ``[B, M + 1]`` offsets for ``M = segments``, -1 past a row's last
-  segment. O(T) per row: no ``[T, S]`` array.
-
-  Example:
-    >>> lengths, offsets = segment_layout(jnp.array([[1, 1, 2, 0]]), segments=3)
-    >>> lengths.tolist(), offsets.tolist()
-    ([[2, 1, -1]], [[0, 2, -1, -1]])
-  """
-  batch = segment_ids_BT.shape[0]
-  ids_BT = segment_ids_BT.astype(jnp.int32)
-  rows_B1 = jnp.arange(batch)[:, None]
-  counts_BM = jnp.zeros((batch, segments + 1), jnp.int32).at[rows_B1, ids_BT].add(
-      1, mode="drop")[:, 1:]
-  present_BM = jnp.arange(1, segments + 1)[None] <= jnp.max(ids_BT, axis=1, keepdims=True)
-  starts_BM = jnp.cumsum(counts_BM, axis=1) - counts_BM
-  lengths_BM = jnp.where(present_BM, counts_BM, -1)
-  offsets_BM = jnp.where(present_BM, starts_BM, -1)
-  offsets_BM1 = jnp.concatenate([offsets_BM, jnp.full((batch, 1), -1, jnp.int32)], axis=1)
-  return lengths_BM, offsets_BM1
-
-
-def cudnn_packed_layout(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMask, *,
-                        scale: float) -> Array | None:
-  """cuDNN's flash attention over packed rows through its packed layout, or None where the
-  layout is not there (jax's call missing, a GPU older than Hopper): the caller then
-  passes the mask as a bias, and the log says what that costs.
-
-  jax 0.10-0.12 expose the layout only in ``jax._src.cudnn.fused_attention_stablehlo``
-  (``q_offsets``, ``kv_offsets``); ``jax.nn.dot_product_attention`` takes no segments.
-  Every segment is one sequence to cuDNN; a row has at most ``min(T, S)`` of them (each
-  pair holds at least its EOS), which sizes the layout's arrays, so no segment is lost.
-  """
-  assert mask.query_segment_ids is not None and mask.key_segment_ids is not None
-  try:
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    cudnn = None
-  capability = compute_capability(_traced_device())
-  takes_offsets = cudnn is not None and "q_offsets" in inspect.signature(
-      cudnn.dot_product_attention).parameters
-  if not takes_offsets or capability is None or capability < CUDNN_PACKED_MIN_CAPABILITY:
-    say_once("attention_impl 'cudnn': packed rows reach cuDNN as a dense [B, 1, T, S] bias "
-             f"(its packed layout needs jax's cudnn packed call and compute capability "
-             f"{'.'.join(map(str, CUDNN_PACKED_MIN_CAPABILITY))}+, this is {capability}): "
-             "T x S per row and its gradient are stored")
-    return None
-  segments = min(q_BTHK.shape[1], k_BSHK.shape[1])
-  key_ids_BS = mask.key_segment_ids
-  if mask.key_valid is not None:
-    key_ids_BS = jnp.where(mask.key_valid, key_ids_BS, 0)
-  q_lengths_BM, q_offsets_BM1 = segment_layout(mask.query_segment_ids, segments)
-  kv_lengths_BM, kv_offsets_BM1 = segment_layout(key_ids_BS, segments)
-  mask_type = cudnn.MaskType.PADDING_CAUSAL if mask.causal else cudnn.MaskType.PADDING
-  return cudnn.dot_product_attention(
-      q_BTHK, k_BSHK, v_BSHK, None, None, q_lengths_BM, kv_lengths_BM, q_offsets_BM1,
-      kv_offsets_BM1, scale=scale, mask_type=mask_type, qkv_layout="BTNH")
 
 
 def rows_without_keys(mask: AttentionMask | None, *, batch: int, queries: int) -> Array | None:

@@ -140,28 +140,11 @@ def fake_device(monkeypatch, platform, kind, capability=None):
   monkeypatch.setattr(fused_attention, "_traced_device", lambda: device)
 
 
-def _dense_from_layout(lengths_BM, offsets_BM1, total):
-  """Segment ids ``[B, total]`` rebuilt from cuDNN's packed layout (0 outside every segment)."""
-  ids = np.zeros((lengths_BM.shape[0], total), np.int32)
-  for row, (lengths, offsets) in enumerate(zip(np.asarray(lengths_BM), np.asarray(offsets_BM1))):
-    for segment, (length, offset) in enumerate(zip(lengths, offsets[:-1]), start=1):
-      if length >= 0:
-        ids[row, offset:offset + length] = segment
-  return ids
-
-
 class _FakeGPU:
-  """Traces as if for an NVIDIA GPU and runs cuDNN's calls without one.
-
-  The public call runs through XLA's implementation with the same arguments. The
-  packed layout's call (jax's private cuDNN one) is answered by the einsums over a
-  mask rebuilt from the segment lengths and offsets it was given, so a wrong
-  layout changes the result.
-  """
+  """Traces as if for an NVIDIA GPU and runs cuDNN's call through XLA's implementation."""
 
   def __init__(self, monkeypatch, capability="9.0"):
-    from jax._src.cudnn import fused_attention_stablehlo as cudnn
-    self.calls, self.packed_calls = [], []
+    self.calls = []
     real = jax.nn.dot_product_attention
 
     def recorded(*args, implementation=None, **kwargs):
@@ -169,24 +152,8 @@ class _FakeGPU:
       return real(*args, implementation="xla" if implementation == "cudnn" else implementation,
                   **kwargs)
 
-    def packed(q, k, v, bias, mask, q_lengths, kv_lengths, q_offsets, kv_offsets, *, scale,
-               mask_type, qkv_layout):
-      assert bias is None and mask is None and qkv_layout == "BTNH"
-      self.packed_calls.append(dict(mask_type=mask_type, segments=q_lengths.shape[1]))
-      q_ids = jax.pure_callback(
-          lambda a, b: _dense_from_layout(a, b, q.shape[1]),
-          jax.ShapeDtypeStruct(q.shape[:2], jnp.int32), q_lengths, q_offsets)
-      k_ids = jax.pure_callback(
-          lambda a, b: _dense_from_layout(a, b, k.shape[1]),
-          jax.ShapeDtypeStruct(k.shape[:2], jnp.int32), kv_lengths, kv_offsets)
-      rebuilt = AttentionMask(key_valid=k_ids != 0, query_segment_ids=q_ids,
-                              key_segment_ids=k_ids,
-                              causal=mask_type == cudnn.MaskType.PADDING_CAUSAL)
-      return attention.dot_product_attention(q, k, v, rebuilt, scale=scale)
-
     fake_device(monkeypatch, "gpu", "NVIDIA H100 80GB HBM3", capability)
     monkeypatch.setattr(jax.nn, "dot_product_attention", recorded)
-    monkeypatch.setattr(cudnn, "dot_product_attention", packed)
 
 
 def _assert_cudnn_equals_the_einsums(mask, queries, keys):
@@ -215,29 +182,15 @@ def test_cudnn_takes_padding_as_lengths_and_causality_as_its_own(monkeypatch, ca
 
 
 @pytest.mark.parametrize("case", ["packed_causal", "packed_cross", "packed_empty_rows"])
-def test_cudnn_takes_packed_rows_as_its_packed_layout_on_hopper(monkeypatch, case):
-  gpu = _FakeGPU(monkeypatch, capability="9.0")
-  mask, queries, keys = _cases()[case]
-  _assert_cudnn_equals_the_einsums(mask, queries, keys)
-  assert not gpu.calls and gpu.packed_calls[-1]["segments"] == min(queries, keys)
-
-
-def test_cudnn_before_hopper_takes_packed_rows_as_a_bias_and_says_so(monkeypatch, caplog):
+def test_cudnn_takes_packed_rows_as_a_bias_and_says_so(monkeypatch, caplog, case):
   monkeypatch.setattr(fused_attention, "_LOGGED", set())
-  gpu = _FakeGPU(monkeypatch, capability="8.0")
-  mask, queries, keys = _cases()["packed_cross"]
+  gpu = _FakeGPU(monkeypatch)
+  mask, queries, keys = _cases()[case]
   with caplog.at_level(logging.WARNING, logger="seq2seq_jax"):
     _assert_cudnn_equals_the_einsums(mask, queries, keys)
-  assert not gpu.packed_calls and gpu.calls[-1]["mask"].shape == (B, 1, queries, keys)
-  assert any("dense [B, 1, T, S] bias" in r.getMessage() for r in caplog.records)
-
-
-def test_the_packed_layout_is_each_segments_length_and_offset():
-  ids = jnp.array([[1, 1, 1, 2, 3, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
-  lengths, offsets = fused_attention.segment_layout(ids, segments=4)
-  assert lengths.tolist() == [[3, 1, 2, -1], [8, -1, -1, -1]]
-  assert offsets.tolist() == [[0, 3, 4, -1, -1], [0, -1, -1, -1, -1]]
-  np.testing.assert_array_equal(_dense_from_layout(lengths, offsets, 8), ids)
+  call = gpu.calls[-1]
+  assert call["mask"].shape == (B, 1, queries, keys) and call["is_causal"] == mask.causal
+  assert any("[B, 1, T, S] bias" in r.getMessage() for r in caplog.records)
 
 
 def test_cudnn_is_refused_by_name_when_traced_for_another_platform():

@@ -6,6 +6,7 @@ Usage: python _run_train.py WORKDIR CONFIG_JSON [SIGNAL|NAN STEP]
 
 import json
 import os
+import pathlib
 import signal
 import sys
 import time
@@ -39,10 +40,18 @@ def main():
   elif len(sys.argv) > 3:
     signum, at_step = getattr(signal, sys.argv[3]), int(sys.argv[4])
 
+    every = config.train.checkpoint_every
+    landed = pathlib.Path(workdir) / "checkpoints" / str((at_step - 1) // every * every)
+
     def hook(step, state):
       if step == at_step:
         if signum == signal.SIGKILL:
-          time.sleep(2.0)  # let the previous asynchronous save land, as a real kill might not
+          # Let the last asynchronous save before this step land (up to two minutes on a
+          # busy machine), as a real kill might not: the test then knows what to resume from.
+          deadline = time.monotonic() + 120.0
+          while not landed.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.2)
+          time.sleep(1.0)
         os.kill(os.getpid(), signum)
       return state
 
