@@ -36,6 +36,9 @@ QUICK, MULTI30K_DIR, WORKDIRS = session.quick, session.multi30k_dir, session.wor
 #
 # Masks are boolean, `True` = may attend. The encoder hides padding; the decoder also hides
 # the future, so that training on a whole target at once matches decoding one token at a time.
+# The models describe a mask as an `AttentionMask` (which keys are padding, causal or not),
+# the form a fused attention kernel takes; `.dense` spells it out as the matrix drawn here.
+# The padded queries' rows are never read.
 
 # %%
 import time
@@ -53,8 +56,8 @@ from seq2seq_jax.training import train
 from seq2seq_jax.translator import Translator
 
 tokens_BT = jnp.array([[7, 8, 9, 2, 0, 0]])  # 3 pieces, EOS, 2 pads
-decoder_mask = attention.combine_masks(attention.make_padding_mask(tokens_BT, tokens_BT),
-                                       attention.make_causal_mask(tokens_BT))
+decoder_mask = attention.AttentionMask(key_valid=tokens_BT != 0, causal=True).dense(
+    batch=1, queries=tokens_BT.shape[1])
 labels = ["w1", "w2", "w3", "</s>", "pad", "pad"]
 viz.plot_attention(np.asarray(decoder_mask[0, 0], np.float32), labels, labels,
                    xlabel="key position", ylabel="query position", colorbar=False,

@@ -1,6 +1,8 @@
 """Attention: pure functions (scaled dot product, masks) and the Linen modules that wrap them.
 
-Masks are boolean, ``True`` = may attend, shaped ``[B, 1 or H, T or 1, S]``;
+Masks are an ``AttentionMask`` (key padding, packed rows' segments, causality:
+the form a fused kernel takes), or dense boolean arrays, ``True`` = may attend,
+shaped ``[B, 1 or H, T or 1, S]``, which only the einsums and "xla" take;
 ``NEG_INF`` is applied here and nowhere else. Softmax runs in float32 whatever
 the compute dtype, then the weights are cast back.
 """
@@ -24,7 +26,7 @@ from seq2seq_jax.layers import fused_attention
 from seq2seq_jax.layers.dropout import dropout
 from seq2seq_jax.layers.partitioning import BATCH, HEADS, KV, LENGTH, constrain
 from seq2seq_jax.platforms import on_cpu
-from seq2seq_jax.types import NEG_INF, PAD_ID, Array
+from seq2seq_jax.types import NEG_INF, Array
 
 _ONE_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "seq2seq_jax_cache_reads_in_one_block", default=False)
@@ -46,32 +48,6 @@ def cache_reads_in_one_block() -> Iterator[None]:
     _ONE_BLOCK.reset(token)
 
 
-def make_padding_mask(key_tokens_BS: Array, query_tokens_BT: Array | None = None, *,
-                      pad_id: int = PAD_ID) -> Array:
-  """Mask of the keys (and optionally queries) that are not padding.
-
-  Args:
-    key_tokens_BS: int token ids of the attended sequence.
-    query_tokens_BT: optional ids of the attending sequence; padded queries then
-      attend nowhere (their rows come out uniform, never NaN).
-    pad_id: the padding id.
-
-  Returns:
-    bool ``[B, 1, 1, S]`` from keys alone, or ``[B, 1, T, S]`` with queries.
-  """
-  mask_B11S = (key_tokens_BS != pad_id)[:, None, None, :]
-  if query_tokens_BT is None:
-    return mask_B11S
-  return jnp.logical_and(mask_B11S, (query_tokens_BT != pad_id)[:, None, :, None])
-
-
-def make_causal_mask(tokens_BT: Array) -> Array:
-  """bool ``[B, 1, T, T]``: query position t may attend to key positions <= t."""
-  batch, length = tokens_BT.shape
-  causal_TT = jnp.tril(jnp.ones((length, length), dtype=bool))
-  return jnp.broadcast_to(causal_TT[None, None], (batch, 1, length, length))
-
-
 def make_segment_mask(query_segment_ids_BT: Array, key_segment_ids_BS: Array) -> Array:
   """Mask of packed rows: a query attends only to keys of its own segment.
 
@@ -80,7 +56,7 @@ def make_segment_mask(query_segment_ids_BT: Array, key_segment_ids_BS: Array) ->
   passes the same ids twice; cross attention passes the targets' and the sources'
   ids (target segment k reads source segment k). A key of segment 0 (padding) is
   attended by no query, so a padded query's row has no allowed key and comes out
-  uniform (finite), as with ``make_padding_mask``.
+  uniform (finite), as any row with no allowed key does.
 
   Args:
     query_segment_ids_BT: int segment ids of the attending sequence.
@@ -103,17 +79,6 @@ def make_segment_mask(query_segment_ids_BT: Array, key_segment_ids_BS: Array) ->
                      f"{query_segment_ids_BT.shape} and {key_segment_ids_BS.shape}")
   same_BTS = query_segment_ids_BT[:, :, None] == key_segment_ids_BS[:, None, :]
   return jnp.logical_and(same_BTS, (key_segment_ids_BS != 0)[:, None, :])[:, None]
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-  """Logical AND of the masks that are not None (they must broadcast); None if all are."""
-  present = [m for m in masks if m is not None]
-  if not present:
-    return None
-  for m in present:
-    if m.ndim != 4:
-      raise ValueError(f"attention masks are [B, H, T, S]; got a mask of shape {m.shape}")
-  return functools.reduce(jnp.logical_and, present)
 
 
 @flax.struct.dataclass

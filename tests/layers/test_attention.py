@@ -30,32 +30,42 @@ def random_qkv(seed, queries=T, keys=S):
 
 
 def _masks():
+  """kind -> (the mask the library gets, its dense form for the reference, T, S).
+
+  The dense forms are written out here, independently of the library's mask code;
+  "attention_mask" hands ``dot_product_attention`` an ``AttentionMask`` instead.
+  """
   keys_BS = jnp.array([[4, 5, 6, 0, 0], [7, 8, 9, 10, 11]])
   queries_BT = jnp.array([[4, 5, 0], [6, 7, 8]])
   square_BT = jnp.array([[4, 5, 6, 7, 0], [4, 5, 6, 7, 8]])
-  padding = attention.make_padding_mask(keys_BS)
+  padding = (keys_BS != 0)[:, None, None, :]
+  padding_with_queries = jnp.logical_and(padding, (queries_BT != 0)[:, None, :, None])
+  causal = jnp.broadcast_to(jnp.tril(jnp.ones((S, S), bool)), (B, 1, S, S))
+  combined = jnp.logical_and(causal, (square_BT != 0)[:, None, None, :])
+  as_attention_mask = attention.AttentionMask(key_valid=square_BT != 0, causal=True)
   return {
-      "none": (None, T, S),
-      "padding": (padding, T, S),
-      "padding_with_queries": (attention.make_padding_mask(keys_BS, queries_BT), T, S),
-      "causal": (attention.make_causal_mask(square_BT), S, S),
-      "combined": (attention.combine_masks(attention.make_causal_mask(square_BT),
-                                           attention.make_padding_mask(square_BT)), S, S),
+      "none": (None, None, T, S),
+      "padding": (padding, padding, T, S),
+      "padding_with_queries": (padding_with_queries, padding_with_queries, T, S),
+      "causal": (causal, causal, S, S),
+      "combined": (combined, combined, S, S),
+      "attention_mask": (as_attention_mask, combined, S, S),
   }
 
 
-@pytest.mark.parametrize("kind", ["none", "padding", "padding_with_queries", "causal", "combined"])
+@pytest.mark.parametrize("kind", ["none", "padding", "padding_with_queries", "causal", "combined",
+                                  "attention_mask"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_matches_float64_reference(kind, seed):
-  mask, queries, keys = _masks()[kind]
+  mask, dense, queries, keys = _masks()[kind]
   q, k, v = random_qkv(seed, queries, keys)
   out, weights = attention.dot_product_attention(q, k, v, mask, return_weights=True)
-  want_out, want_weights = reference_attention(q, k, v, mask)
+  want_out, want_weights = reference_attention(q, k, v, dense)
   assert out.shape == (B, queries, H, K) and weights.shape == (B, H, queries, keys)
   np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(weights, want_weights, rtol=1e-5, atol=1e-6)
-  if mask is not None:  # masked positions get exactly zero weight unless the row is all masked
-    full = np.broadcast_to(np.asarray(mask), weights.shape)
+  if dense is not None:  # masked positions get exactly zero weight unless the row is all masked
+    full = np.broadcast_to(np.asarray(dense), weights.shape)
     live_rows = full.any(-1, keepdims=True)
     assert np.all(np.asarray(weights)[~full & np.broadcast_to(live_rows, full.shape)] == 0)
 
@@ -67,16 +77,19 @@ def test_fully_masked_row_is_uniform_not_nan():
   np.testing.assert_allclose(weights, np.full((B, H, T, S), 1 / S), rtol=1e-6)
 
 
-def test_masks_shapes_and_values():
+def test_dense_attention_mask_shapes_and_values():
   tokens = jnp.array([[3, 4, 0], [5, 0, 0]])
-  np.testing.assert_array_equal(attention.make_padding_mask(tokens)[:, 0, 0],
-                                [[True, True, False], [True, False, False]])
-  causal = attention.make_causal_mask(tokens)
+  padding = attention.AttentionMask(key_valid=tokens != 0).dense(batch=2, queries=3)
+  assert padding.shape == (2, 1, 1, 3)
+  np.testing.assert_array_equal(padding[:, 0, 0], [[True, True, False], [True, False, False]])
+  causal = attention.AttentionMask(causal=True).dense(batch=2, queries=3)
   assert causal.shape == (2, 1, 3, 3)
   np.testing.assert_array_equal(causal[1, 0], np.tril(np.ones((3, 3), bool)))
-  assert attention.combine_masks(None, None) is None
-  with pytest.raises(ValueError, match=r"\[B, H, T, S\]"):
-    attention.combine_masks(jnp.ones((3, 3), bool))
+  both = attention.AttentionMask(key_valid=tokens != 0, causal=True).dense(batch=2, queries=3)
+  np.testing.assert_array_equal(both[1, 0], [[True, False, False]] * 3)
+  np.testing.assert_array_equal(both[0, 0], [[True, False, False], [True, True, False],
+                                              [True, True, False]])
+  assert attention.AttentionMask().dense(batch=2, queries=3) is None
 
 
 def test_bad_mask_and_shapes_are_named():
@@ -108,7 +121,7 @@ def test_dropout_needs_rng_and_drops_weights():
 
 
 def test_jax_nn_route_agrees_with_einsums():
-  mask, _, _ = _masks()["padding"]
+  mask, _, _, _ = _masks()["padding"]
   q, k, v = random_qkv(4)
   ours = attention.dot_product_attention(q, k, v, mask)
   fused = attention.dot_product_attention(q, k, v, mask, implementation="xla")
@@ -152,7 +165,7 @@ def test_fused_projections_match_each_projection_in_float64(dtype):
     np.testing.assert_allclose(np.asarray(got_BSHK, np.float64), want, rtol=tol, atol=tol)
   # Self attention (the same array twice) projects q, k and v together; a copy of
   # the array goes through the projections one by one: the same result.
-  causal = attention.make_causal_mask(jnp.ones((B, S), jnp.int32))
+  causal = attention.AttentionMask(causal=True).dense(batch=B, queries=S)
   fused = mha.apply(variables, x_BSD, x_BSD, causal)
   separate = mha.apply(variables, x_BSD, jnp.array(x_BSD, copy=True), causal)
   np.testing.assert_allclose(np.asarray(fused, np.float32), np.asarray(separate, np.float32),
@@ -165,7 +178,7 @@ def test_multi_head_step_matches_full_causal_attention(block_size):
   mha = attention.MultiHeadAttention(num_heads=H, head_dim=K, out_dim=D)
   x_BTD = jax.random.normal(jax.random.key(1), (B, S, D))
   params = mha.init(jax.random.key(0), x_BTD, x_BTD)
-  causal = attention.make_causal_mask(jnp.ones((B, S), jnp.int32))
+  causal = jnp.tril(jnp.ones((S, S), bool))[None, None]  # [1, 1, T, T]: every row
   full_BTD = mha.apply(params, x_BTD, x_BTD, causal)
   cache = attention.KVCache.zeros(rows=B, layers=L, length=S, heads=H, head_dim=K)
   step = jax.jit(lambda x, c, t: mha.apply(params, x, c, t, layer=layer, block_size=block_size,

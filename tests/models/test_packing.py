@@ -141,9 +141,9 @@ def test_the_xla_route_honours_the_segment_mask_as_the_einsums_do():
   rng = np.random.default_rng(3)
   q, k, v = (jnp.asarray(rng.normal(size=(2, L, H, 4)), jnp.float32) for _ in range(3))
   segments = jnp.asarray(_pack(_pairs(TRANSFORMER, rows=ROWS[:2]), 0)["inputs_segment_ids"])
-  causal = attention.make_causal_mask(segments)
-  for mask in (attention.make_segment_mask(segments, segments),
-               attention.combine_masks(causal, attention.make_segment_mask(segments, segments))):
+  causal = attention.AttentionMask(causal=True).dense(batch=segments.shape[0], queries=L)
+  same_segment = attention.make_segment_mask(segments, segments)
+  for mask in (same_segment, jnp.logical_and(causal, same_segment)):
     ours = attention.dot_product_attention(q, k, v, mask)
     fused = attention.dot_product_attention(q, k, v, mask, implementation="xla")
     # Padded queries attend nowhere: both give uniform rows there; compare the real ones.

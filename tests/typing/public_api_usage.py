@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import seq2seq_jax as s2s
-from seq2seq_jax.layers.attention import MultiHeadAttention, make_causal_mask
+from seq2seq_jax.layers.attention import AttentionMask, MultiHeadAttention
 from seq2seq_jax.types import Array, PyTree
 
 
@@ -68,9 +68,10 @@ def search() -> None:
 def layer() -> Array:
   x_BTD = jnp.ones((1, 4, 8))
   attention = MultiHeadAttention(num_heads=2, head_dim=4, out_dim=8)
-  mask = make_causal_mask(jnp.ones((1, 4), jnp.int32))
+  mask = AttentionMask(key_valid=jnp.ones((1, 4), bool), causal=True)
   params = attention.init(jax.random.key(0), x_BTD, x_BTD, mask)
-  return jnp.asarray(attention.apply(params, x_BTD, x_BTD, mask))
+  dense: Array | None = mask.dense(batch=1, queries=4)  # the einsums' form of the same mask
+  return jnp.asarray(attention.apply(params, x_BTD, x_BTD, dense))
 
 
 def configs() -> s2s.ExperimentConfig:
