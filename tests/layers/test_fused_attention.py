@@ -279,7 +279,8 @@ def test_the_dense_form_is_the_masks_the_models_built():
                                                      mask.key_segment_ids))
   np.testing.assert_array_equal(mask.dense(batch=B, queries=queries), want)
   causal = AttentionMask(causal=True).dense(batch=B, queries=5)
-  np.testing.assert_array_equal(causal, attention.make_causal_mask(jnp.ones((B, 5), jnp.int32)))
+  np.testing.assert_array_equal(
+      causal, jnp.broadcast_to(jnp.tril(jnp.ones((5, 5), bool)), (B, 1, 5, 5)))
   assert AttentionMask().dense(batch=B, queries=5) is None
   with pytest.raises(ValueError, match="go together"):
     AttentionMask(query_segment_ids=jnp.ones((B, 5), jnp.int32))
