@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 
-.PHONY: setup train test test-beam test-cuda test-fast typecheck docs bench bench-quick clean
+.PHONY: setup train test test-beam test-cuda test-fast test-accel typecheck docs bench bench-quick clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,7 @@ test: $(STAMP) typecheck docs test-beam test-cuda
 test-cuda: $(STAMP) $(CUDA_STAMP)
 	PYTHONPATH=$(CURDIR)/$(CUDA_DIR) JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/aot/test_fused_kernels.py \
-	    tests/aot/test_aot.py -k "h100 or cuda"
+	    tests/aot/test_programs_in_order.py tests/aot/test_aot.py -k "h100 or cuda"
 
 test-beam: $(BEAM_STAMP)
 	SEQ2SEQ_JAX_BEAM_TESTS=1 $(BEAM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
@@ -78,6 +78,11 @@ docs: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -m "not slow" tests
+
+# The emulated-accelerator tier alone (part of `make test`): a user's loop through each
+# attention_impl on 8 CPU devices (tests/accel).
+test-accel: $(STAMP)
+	$(PY) -m pytest -n 2 tests/accel
 
 # Benchmarks (see benchmarks/RESULTS.md). compare_pytorch.py needs the bench extra:
 # `$(PY) -m pip install torch==2.13.0` first (the CPU wheel), then `-e ".[bench]"`.
