@@ -158,7 +158,8 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
       "pretrained": args.pretrained,
       "decode": {"method": "greedy" if beam_size == 1 else "beam", "beam_size": beam_size,
                  "alpha": alpha, "max_decode_len": args.max_decode_len
-                 or translator.max_decode_len(decode), **flags.decode_options(args),
+                 or translator.max_decode_len(decode),
+                 "max_source_len": translator.max_source_len, **flags.decode_options(args),
                  "ensemble": list(getattr(args, "ensemble", []))},
       "scoring": args.scoring,
       "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}

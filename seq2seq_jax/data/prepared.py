@@ -37,12 +37,22 @@ pipeline. Both go through ``encode_pairs``, ``write_shard`` and ``finalize``,
 so they write the same ids. A folder is written under a temporary name,
 ``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...`` for Beam), and
 renamed when complete (``publish``); the writer holds a lock file inside it
-(``writer.lock``) for as long as it writes. Local writers take the folder's lock
-(``{key}.lock``, ``ids_lock``) for the whole write, Beam only to start and to
-publish, and under it a writer removes, and logs, every partial folder whose
-writer is gone (killed, preempted): its ``writer.lock`` is free. The locks are
-``flock`` locks: they hold across hosts on file systems that honour them (local
-disks, NFSv4). The hosts of a multi-host run that are not the writer wait for
+(``writer.lock``) for as long as it writes, and touches it every ``HEARTBEAT_S``
+seconds. Local writers take the folder's lock (``{key}.lock``, ``ids_lock``) for
+the whole write, Beam only to start and to publish, and under it a writer removes,
+and logs, every partial folder whose writer is provably gone (killed, preempted):
+
+- its ``writer.lock`` is free, and
+- the folder's name says this host and a process id that no longer runs (a local
+  writer), or else (another host, a Beam pipeline, whose workers are not the
+  launching process, or a name this cannot read) no file in the folder changed for
+  ``ABANDONED_AFTER_S`` seconds (one hour: sixty missed heartbeats).
+
+A free lock alone proves nothing: ``flock`` locks hold across hosts only on file
+systems that honour them (local disks, NFSv4), not on FUSE mounts such as Cloud
+Storage FUSE, where another host's live writer looks unlocked. A folder removed
+under a writer that was only stalled makes that writer fail (its files are gone),
+never publish. The hosts of a multi-host run that are not the writer wait for
 ``meta.json`` (and raise ``PreparedDataError`` naming the folder after
 ``wait_s``).
 
@@ -81,7 +91,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
@@ -96,6 +106,10 @@ _READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 _WRITER_OPTIONS = "group_size:1"
 _CHUNK = 4096  # pairs tokenized per call
 _WRITER_LOCK = "writer.lock"  # inside a partial folder: held by its writer while it writes
+HEARTBEAT_S = 60.0  # a writer touches its writer.lock this often while it writes
+# A partial folder that a host other than its writer's finds with no file changed for this
+# long (and its lock free) is taken as abandoned: sixty missed heartbeats.
+ABANDONED_AFTER_S = 3600.0
 
 _log = logging.getLogger(__name__)
 
@@ -374,8 +388,36 @@ def writer_tag() -> str:
   return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _writer_gone(partial: pathlib.Path) -> bool:
-  """Whether nobody holds ``partial``'s writer lock (a folder without one has no writer)."""
+class WriterLock:
+  """A partial folder's ``writer.lock``, held (``flock``) and touched every ``HEARTBEAT_S``
+  seconds by a daemon thread until ``close()``: what tells other prepares, on this host
+  and on others, that the folder's writer is alive."""
+
+  def __init__(self, folder: pathlib.Path):
+    self._path = folder / _WRITER_LOCK
+    self._handle = open(self._path, "a+")
+    fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._beat, name=f"heartbeat {folder.name}",
+                                    daemon=True)
+    self._thread.start()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      try:
+        os.utime(self._path)
+      except OSError:  # published (the lock file is gone) or removed: nothing left to mark
+        return
+
+  def close(self) -> None:
+    """Stops the heartbeat and releases the lock: the folder counts as abandoned from then."""
+    self._stop.set()
+    self._handle.close()
+
+
+def _lock_free(partial: pathlib.Path) -> bool:
+  """Whether nobody here holds ``partial``'s writer lock (on a file system whose locks do not
+  reach other hosts, a lock another host holds looks free)."""
   with open(partial / _WRITER_LOCK, "a+") as handle:
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -385,15 +427,67 @@ def _writer_gone(partial: pathlib.Path) -> bool:
     return True
 
 
+def _named_writer(partial: pathlib.Path) -> tuple[str, int] | None:
+  """``(host, pid)`` of a local writer's folder ``{key}.partial-{host}-{pid}-{random}``; None
+  for a Beam folder (its workers are other processes than the one named) or a name that
+  does not parse (a host name may hold dashes: the pid and random part are split off the
+  end, and a misread name only ever falls to the slower, quiet-folder rule)."""
+  tag = partial.name.partition(".partial-")[2]
+  if tag.startswith("beam-"):
+    return None
+  host, _, rest = tag.rpartition("-")[0].rpartition("-")
+  try:
+    return host, int(rest)
+  except ValueError:
+    return None
+
+
+def _process_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+def _last_change(folder: pathlib.Path) -> float:
+  """The newest modification time of ``folder`` and of everything in it (seconds since the epoch)."""
+  times = [folder.stat().st_mtime]
+  for path in folder.rglob("*"):
+    try:
+      times.append(path.stat().st_mtime)
+    except FileNotFoundError:  # removed meanwhile
+      pass
+  return max(times)
+
+
+def _writer_gone(partial: pathlib.Path) -> str | None:
+  """Why ``partial``'s writer is provably gone, or None while it may still write."""
+  if not _lock_free(partial):
+    return None
+  named = _named_writer(partial)
+  if named is not None and named[0] == socket.gethostname() and not _process_alive(named[1]):
+    return f"its writer, process {named[1]} of this host, has ended"
+  quiet_s = time.time() - _last_change(partial)
+  if quiet_s > ABANDONED_AFTER_S:
+    return (f"no file in it changed for {quiet_s:.0f} s (more than ABANDONED_AFTER_S="
+            f"{ABANDONED_AFTER_S:.0f}) and its writer lock is free")
+  return None
+
+
 def _size_mb(folder: pathlib.Path) -> float:
   return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
 
 
 def remove_abandoned(directory: str | os.PathLike) -> list[pathlib.Path]:
-  """Removes the partial folders of ``directory`` whose writer is gone, and logs each.
+  """Removes the partial folders of ``directory`` whose writer is provably gone, and logs each.
 
-  A writer that still writes holds its ``writer.lock``, and its folder stays. Takes
-  ``ids_lock(directory)`` when there is a partial folder to look at.
+  Gone: the ``writer.lock`` is free and the folder names a process of this host
+  that has ended, or else no file in it changed for ``ABANDONED_AFTER_S`` seconds
+  (module docstring). Every other folder stays. Takes ``ids_lock(directory)`` when
+  there is a partial folder to look at.
 
   Returns:
     The folders removed.
@@ -410,23 +504,26 @@ def _remove_abandoned(directory: pathlib.Path) -> list[pathlib.Path]:
   """``remove_abandoned`` for a caller that holds ``ids_lock(directory)``."""
   removed = []
   for partial in sorted(directory.parent.glob(f"{directory.name}.partial-*")):
-    if not partial.is_dir() or not _writer_gone(partial):
+    reason = _writer_gone(partial) if partial.is_dir() else None
+    if reason is None:
       continue
     size = _size_mb(partial)
     shutil.rmtree(partial, ignore_errors=True)
     _log.warning("removed %s (%.1f MB): an unfinished folder of token ids whose writer stopped "
-                 "before it finished (killed or preempted)", partial, size)
+                 "before it finished (killed or preempted): %s", partial, size, reason)
     removed.append(partial)
   return removed
 
 
-def start_partial(directory: str | os.PathLike, prefix: str = "") -> tuple[pathlib.Path, IO]:
-  """A new temporary folder for ``directory``'s ids, and its writer lock, held.
+def start_partial(directory: str | os.PathLike, prefix: str = "") -> tuple[pathlib.Path,
+                                                                            WriterLock]:
+  """A new temporary folder for ``directory``'s ids, and its writer lock, held and beating.
 
   The caller holds ``ids_lock(directory)``; the abandoned partial folders of
   ``directory`` are removed first (as ``remove_abandoned`` does). Close the returned
-  handle when the writing ends (``publish`` does not): the folder counts as
-  abandoned from then on, or from the moment this process dies.
+  lock when the writing ends (``publish`` does not): from then on, or from the
+  moment this process dies, the folder counts as abandoned by the rules of
+  ``remove_abandoned``.
 
   Args:
     directory: the finished folder the ids will have.
@@ -434,15 +531,13 @@ def start_partial(directory: str | os.PathLike, prefix: str = "") -> tuple[pathl
 
   Returns:
     ``(temporary, lock)``: ``{directory}.partial-{prefix}{host}-{pid}-{random}`` and
-    the open file whose ``flock`` marks it as written.
+    its ``WriterLock``.
   """
   directory = pathlib.Path(directory)
   _remove_abandoned(directory)
   temporary = directory.with_name(f"{directory.name}.partial-{prefix}{writer_tag()}")
   temporary.mkdir(parents=True)
-  handle = open(temporary / _WRITER_LOCK, "a+")
-  fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  return temporary, handle
+  return temporary, WriterLock(temporary)
 
 
 def publish(temporary: str | os.PathLike, directory: str | os.PathLike) -> bool:
