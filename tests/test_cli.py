@@ -192,7 +192,7 @@ def echo_evaluate(tmp_path, monkeypatch):
 
   echo = types.SimpleNamespace(config=config, decode_config=config.decode, step=7,
                                tokenizer=None, translate=translate,
-                               max_decode_len=lambda decode: 16)
+                               max_decode_len=lambda decode: 16, max_source_len=24)
   monkeypatch.setattr(flags, "translator", lambda args: echo)
   monkeypatch.setattr(pipeline, "load_eval_text", lambda data, split: pipeline.EvalText(
       sources=list(REFERENCES), references=list(REFERENCES)))
