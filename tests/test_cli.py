@@ -16,7 +16,7 @@ import sacrebleu
 
 from seq2seq_jax import cli, evaluation, presets
 from seq2seq_jax.cli import flags
-from seq2seq_jax.data import pipeline
+from seq2seq_jax.data import sources as data_sources
 from seq2seq_jax.training.restore import load_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ def echo_evaluate(tmp_path, monkeypatch):
                                tokenizer=None, translate=translate,
                                max_decode_len=lambda decode: 16, max_source_len=24)
   monkeypatch.setattr(flags, "translator", lambda args: echo)
-  monkeypatch.setattr(pipeline, "load_eval_text", lambda data, split: pipeline.EvalText(
+  monkeypatch.setattr(data_sources, "load_eval_text", lambda data, split: data_sources.EvalText(
       sources=list(REFERENCES), references=list(REFERENCES)))
 
   def run(*extra):

@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
                        "use --scoring mmt (it tokenizes the references itself) or sacrebleu")
     _evaluate_one(args, translator, pathlib.Path(args.sources).name, sources, references, None)
     return 0
-  from seq2seq_jax.data import pipeline
+  from seq2seq_jax.data import sources
   splits = [s.strip() for s in (args.split or config.data.eval_split).split(",") if s.strip()]
-  texts = {split: pipeline.load_eval_text(config.data, split) for split in splits}  # fail early
+  texts = {split: sources.load_eval_text(config.data, split) for split in splits}  # fail early
   tokenized = {split: _tokenized_references(config.data, split) for split in splits}
   missing = [split for split, path in tokenized.items() if path is None]
   if args.scoring == "tok" and missing:

@@ -115,6 +115,7 @@ import numpy as np
 from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data import prepared, text_files
 from seq2seq_jax.data import tokenizer as tokenizer_lib
+from seq2seq_jax.data.sources import pair_range_chunks
 
 _INSTALL = 'pip install "seq2seq-jax[beam]"'
 
@@ -162,10 +163,6 @@ def _part_name(unit: int, part: int) -> str:
   return f"part-{unit:06d}-{part:05d}.array_record"
 
 
-def _reads_files(data_config: DataConfig, split: str) -> bool:
-  return bool(data_config.train_files) and split == data_config.train_split
-
-
 class _Read(beam.DoFn):
   """A unit -> its text in chunks keyed ``(unit, part)``: part k holds the unit's pairs
   k * records_per_shard ... (k + 1) * records_per_shard - 1 that are kept."""
@@ -198,8 +195,8 @@ class _Read(beam.DoFn):
                                          drop_empty=self._drop_empty, counts=counts)
     else:
       start, stop = where
-      chunks = prepared.pair_range_chunks(self._pairs, start, stop, chunk=self._chunk,
-                                          drop_empty=self._drop_empty, counts=counts)
+      chunks = pair_range_chunks(self._pairs, start, stop, chunk=self._chunk,
+                                 drop_empty=self._drop_empty, counts=counts)
     kept = 0
     pieces: dict[int, int] = {}  # part -> chunks emitted so far (their order within the part)
     for lines_C, sources, targets in chunks:
@@ -396,12 +393,11 @@ def _add_steps(pipeline: beam.Pipeline, data_config: DataConfig, tokenizer: Any,
   """The steps of ``build_prepare_pipeline``, writing into ``temporary`` (already made)."""
   langs = (data_config.source_lang, data_config.target_lang)
   pairs = None
-  if _reads_files(data_config, location.split):
+  if location.source.shards is not None:  # the user's own files
     units: list[_Unit] = [(k, {lang: str(path) for lang, path in shard.items()})
-                         for k, shard in enumerate(prepared.train_file_shards(data_config))]
+                         for k, shard in enumerate(location.source.shards)]
   else:
-    from seq2seq_jax.data import builders  # tfds is slow to import
-    pairs = builders.load_split(data_config, location.split)
+    pairs = location.source.pairs()
     units = [(k, (start, min(start + records_per_shard, len(pairs))))
              for k, start in enumerate(range(0, len(pairs), records_per_shard))]
   meta = location.meta(tokenizer, data_config)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from seq2seq_jax.configs import DataConfig
-from seq2seq_jax.data import builders, pipeline, prepared, tokenizer as tokenizer_lib
+from seq2seq_jax.data import builders, packing, pipeline, prepared, tokenizer as tokenizer_lib
 from seq2seq_jax.data.text_files import DataError
 from tests.data.conftest import (age_folder, folder_bytes, kill_a_prepare, partial_folders,
                                  write_lines)
@@ -473,16 +473,16 @@ def test_a_damaged_or_foreign_packing_cache_is_packed_again(ids_config, tiny_tok
       pairs, row_starts, digest = cached["pairs"], cached["row_starts"], cached["digest"]
     pairs[1] = pairs[0]
     np.savez(cache, pairs=pairs, row_starts=row_starts, digest=digest)
-  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.packing"):
     again = _one_epoch(config, tiny_tokenizer)
   assert f"packing cache {cache} is" in caplog.text
   assert {"truncated": "unreadable", "corrupt": "unreadable", "foreign": "of other pairs",
           "rows": "damaged"}[damage] in caplog.text
   _assert_same_batches(again, expected)
   # The file was replaced: the next start reads it and packs nothing.
-  monkeypatch.setattr(pipeline, "pack_rows", lambda *a: pytest.fail("packed again"))
+  monkeypatch.setattr(packing, "pack_rows", lambda *a: pytest.fail("packed again"))
   caplog.clear()
-  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.packing"):
     _assert_same_batches(_one_epoch(config, tiny_tokenizer), expected)
   assert "packing cache" not in caplog.text
   assert sorted(p.name for p in directory.iterdir() if "partial" in p.name) == []
