@@ -16,7 +16,7 @@ import sacrebleu
 
 from seq2seq_jax import cli, evaluation, presets
 from seq2seq_jax.cli import flags
-from seq2seq_jax.data import pipeline
+from seq2seq_jax.data import sources as data_sources
 from seq2seq_jax.training.restore import load_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -85,6 +85,7 @@ def test_evaluate_writes_scores_and_json(tiny_run, capsys):
   record = json.loads(next((workdir / "eval").glob("eval-test_2016_flickr-*-beam2*.json"))
                       .read_text())
   assert record["sentences"] == 50 and record["decode"]["beam_size"] == 2
+  assert record["decode"]["max_source_len"] == 64  # the model's max_len, not data's 48
   assert set(record["scores"]) == {"BLEU", "chrF"}
   hypotheses = pathlib.Path(record["hypotheses_file"]).read_text().splitlines()
   references = (tiny_run["data"] / "test_2016_flickr.en").read_text().splitlines()
@@ -92,12 +93,12 @@ def test_evaluate_writes_scores_and_json(tiny_run, capsys):
   assert record["scores"]["BLEU"]["score"] == pytest.approx(want)
   # several splits, one model load: one record each
   assert cli.main(["evaluate", "--workdir", str(workdir), "--split", "val, test_2016_flickr",
-                   "--max-sentences", "4"]) == 0
+                   "--max-sentences", "4", "--max-source-len", "32"]) == 0
   out = capsys.readouterr().out
   assert "val (de->en, 4 sentences" in out and "test_2016_flickr (de->en, 4 sentences" in out
   for split in ("val", "test_2016_flickr"):
-    assert json.loads(next((workdir / "eval").glob(f"eval-{split}-*-greedy.json")).read_text())[
-        "sentences"] == 4
+    record = json.loads(next((workdir / "eval").glob(f"eval-{split}-*-greedy.json")).read_text())
+    assert record["sentences"] == 4 and record["decode"]["max_source_len"] == 32
 
 
 @pytest.mark.slow
@@ -136,7 +137,7 @@ def test_translate_truncates_long_lines_with_a_warning_on_stderr(tiny_run):
   assert run.returncode == 0, run.stderr
   assert len(run.stdout.splitlines()) == 2
   assert "<stdin>: line 1 has" in run.stderr
-  assert "truncated to the model's limit of 48" in run.stderr
+  assert "truncated to 64 (EOS included), the model's max_len" in run.stderr
 
 
 def test_unknown_set_field_lists_valid_ones(tmp_path, capsys):
@@ -191,9 +192,9 @@ def echo_evaluate(tmp_path, monkeypatch):
 
   echo = types.SimpleNamespace(config=config, decode_config=config.decode, step=7,
                                tokenizer=None, translate=translate,
-                               max_decode_len=lambda decode: 16)
+                               max_decode_len=lambda decode: 16, max_source_len=24)
   monkeypatch.setattr(flags, "translator", lambda args: echo)
-  monkeypatch.setattr(pipeline, "load_eval_text", lambda data, split: pipeline.EvalText(
+  monkeypatch.setattr(data_sources, "load_eval_text", lambda data, split: data_sources.EvalText(
       sources=list(REFERENCES), references=list(REFERENCES)))
 
   def run(*extra):

@@ -61,7 +61,8 @@ def test_long_sentence_is_truncated_with_a_warning(translator, caplog):
   with caplog.at_level(logging.WARNING, logger="seq2seq_jax"):
     out = translator.translate([long])
   assert len(out) == 1
-  assert "truncated to the model's limit of 24" in caplog.text
+  assert ("truncated to 24 (EOS included), the max_source_len given (--max-source-len; the "
+          "model takes 48)") in caplog.text
 
 
 def test_beam_search_and_overrides(translator):

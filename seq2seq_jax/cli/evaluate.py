@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
                        "use --scoring mmt (it tokenizes the references itself) or sacrebleu")
     _evaluate_one(args, translator, pathlib.Path(args.sources).name, sources, references, None)
     return 0
-  from seq2seq_jax.data import pipeline
+  from seq2seq_jax.data import sources
   splits = [s.strip() for s in (args.split or config.data.eval_split).split(",") if s.strip()]
-  texts = {split: pipeline.load_eval_text(config.data, split) for split in splits}  # fail early
+  texts = {split: sources.load_eval_text(config.data, split) for split in splits}  # fail early
   tokenized = {split: _tokenized_references(config.data, split) for split in splits}
   missing = [split for split, path in tokenized.items() if path is None]
   if args.scoring == "tok" and missing:
@@ -158,7 +158,8 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
       "pretrained": args.pretrained,
       "decode": {"method": "greedy" if beam_size == 1 else "beam", "beam_size": beam_size,
                  "alpha": alpha, "max_decode_len": args.max_decode_len
-                 or translator.max_decode_len(decode), **flags.decode_options(args),
+                 or translator.max_decode_len(decode),
+                 "max_source_len": translator.max_source_len, **flags.decode_options(args),
                  "ensemble": list(getattr(args, "ensemble", []))},
       "scoring": args.scoring,
       "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}

@@ -88,6 +88,10 @@ def add_decode_flags(parser: argparse.ArgumentParser) -> None:
                       help="most tokens generated per sentence, EOS included (default: 1.5 x "
                            "the source limit + 10)")
   parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded at once")
+  parser.add_argument("--max-source-len", type=int, default=None, metavar="N",
+                      help="longest source in tokens, EOS included; longer lines are truncated "
+                           "with a warning (default: the model's max_len; a --pretrained "
+                           "checkpoint's at most 256)")
   parser.add_argument("--ensemble", action="append", default=[], metavar="DIR",
                       help="decode with an ensemble: another member, a training run's workdir "
                            "or a pretrained checkpoint with the same vocabulary (repeatable; "
@@ -129,6 +133,9 @@ def decode_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def translator(args: argparse.Namespace, **kwargs):
   """The Translator of ``add_decode_flags``' flags: one model, or an ``--ensemble``."""
+  limit = getattr(args, "max_source_len", None)
+  if limit is not None:
+    kwargs["max_source_len"] = limit
   first = model_translator(workdir=args.workdir, pretrained=args.pretrained,
                            checkpoint=args.checkpoint, batch_size=args.batch_size, **kwargs)
   members = getattr(args, "ensemble", [])
@@ -141,7 +148,8 @@ def translator(args: argparse.Namespace, **kwargs):
     others.append(model_translator(workdir=path if is_run else None,
                                    pretrained=None if is_run else path,
                                    batch_size=args.batch_size))
-  return Translator.ensemble([first, *others])
+  return Translator.ensemble([first, *others],
+                             **({} if limit is None else {"max_source_len": limit}))
 
 
 def model_translator(*, workdir: str | None = None, pretrained: str | None = None,

@@ -3,8 +3,8 @@ output) on every visible device, in bounded memory: a window of lines is sorted 
 decoded in token-budget batches; results are written in input order. File to file, the run is
 resumable: after Ctrl-C or kill -9 the same command continues after the last complete line (a
 side record OUTPUT.progress.json says how far it got). An empty line gives an empty line; a line
-longer than the model allows is truncated with a warning naming it; invalid UTF-8 is an error
-naming the line.
+longer than the source limit (the model's max_len, or --max-source-len) is truncated with a
+warning naming it; invalid UTF-8 is an error naming the line.
 """
 
 from __future__ import annotations

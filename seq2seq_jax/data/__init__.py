@@ -1,11 +1,18 @@
 """Data: tfds builders (Multi30k, parallel_text, tfds:NAME), the sentencepiece vocabulary, token
 ids prepared once, grain pipelines.
 
+The path runs one way, a module a stage, each importing only those before it:
+``sources`` (where a corpus's text comes from, on ``text_files`` and the tfds
+``builders``) -> ``prepared`` (token ids written once; ``beam`` writes the same from
+an Apache Beam pipeline) -> ``packing`` (the packer, its cache, the packed plan) ->
+``batches`` (the bucket plan, a batch's rows built from ids) -> ``iterators``
+(training and evaluation). ``tokenizer`` trains the vocabulary on a source;
+``plans`` holds what packing's and the bucket plans share (``bucket_rows``, the epoch plan); the old
+``pipeline`` module re-exports its names from their new homes.
+
 Prepared data lives under ``DataConfig.data_dir`` (``""`` means
 ``~/.cache/seq2seq_jax/tfds``): the text as tfds prepared it, and under ``ids/``
-the training split as token ids. See ``builders``, ``tokenizer``, ``prepared``,
-``pipeline`` and ``beam`` (the same ids from an Apache Beam pipeline) for the
-details of each part.
+the training split as token ids.
 """
 
 from seq2seq_jax.data.builders import DEFAULT_DATA_DIR as DEFAULT_DATA_DIR
@@ -15,14 +22,14 @@ from seq2seq_jax.data.builders import download_multi30k as download_multi30k
 from seq2seq_jax.data.builders import load_split as load_split
 from seq2seq_jax.data.builders import prepare_dataset as prepare_dataset
 from seq2seq_jax.data.builders import resolve_data_dir as resolve_data_dir
-from seq2seq_jax.data.pipeline import EvalText as EvalText
-from seq2seq_jax.data.pipeline import TrainStats as TrainStats
-from seq2seq_jax.data.pipeline import bucket_rows as bucket_rows
-from seq2seq_jax.data.pipeline import load_eval_text as load_eval_text
-from seq2seq_jax.data.pipeline import make_eval_batches as make_eval_batches
-from seq2seq_jax.data.pipeline import make_train_dataset as make_train_dataset
-from seq2seq_jax.data.pipeline import make_train_iterator as make_train_iterator
-from seq2seq_jax.data.pipeline import pack_rows as pack_rows
+from seq2seq_jax.data.sources import EvalText as EvalText
+from seq2seq_jax.data.sources import load_eval_text as load_eval_text
+from seq2seq_jax.data.iterators import TrainStats as TrainStats
+from seq2seq_jax.data.plans import bucket_rows as bucket_rows
+from seq2seq_jax.data.iterators import make_eval_batches as make_eval_batches
+from seq2seq_jax.data.iterators import make_train_dataset as make_train_dataset
+from seq2seq_jax.data.iterators import make_train_iterator as make_train_iterator
+from seq2seq_jax.data.packing import pack_rows as pack_rows
 from seq2seq_jax.data.prepared import PreparedDataError as PreparedDataError
 from seq2seq_jax.data.prepared import PreparedIds as PreparedIds
 from seq2seq_jax.data.prepared import prepare_ids as prepare_ids

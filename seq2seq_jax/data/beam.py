@@ -30,10 +30,24 @@ The pipeline::
   writer's).
 
 The temporary folder, ``{key}.partial-beam-{host}-{pid}-{random}``, is made by the
-launching process, which holds its writer lock while the pipeline runs
-(``prepared.start_partial``). A prepare that finds such a folder once its launcher
-is gone (killed, preempted) removes it and logs it, local and Beam alike
-(``prepared.remove_abandoned``).
+launching process, which holds its writer lock, and touches it every
+``prepared.HEARTBEAT_S`` seconds, while the pipeline runs (``prepared.start_partial``).
+The workers never make it: ``WriteShard`` and ``Finalize`` refuse a folder that is
+gone, and ``Finalize`` refuses a missing shard by name and then publishes nothing.
+A prepare removes (and logs) such a folder only when its lock is free and no file
+in it changed for ``prepared.ABANDONED_AFTER_S`` seconds (an hour), whatever the
+host: the launcher having ended proves nothing about the workers.
+
+Which runs this protects, plainly: those whose launcher waits for the pipeline to
+finish. ``run_prepare`` (and ``seq2seq-jax prepare --beam``) always does, holding the
+lock until the pipeline's ``wait_until_finish()`` returns: DirectRunner, and
+Dataflow, Flink or Spark as long as the launching process stays up. With
+``build_prepare_pipeline`` the caller runs the pipeline, and the lock is held until
+this process exits: run it with ``pipeline.run().wait_until_finish()`` in the same
+process. A job left running without its launcher (a detached Dataflow job) has no
+heartbeat: after an hour in which no shard was written (the tokenizing before the
+``GroupByKey``), a prepare may remove its folder, and the job then fails naming the
+folder instead of publishing it.
 
 Running elsewhere. ``run_prepare`` takes Beam's own pipeline options (a list of flags
 or a ``PipelineOptions``), and so does ``seq2seq-jax prepare --beam --beam-options
@@ -101,6 +115,7 @@ import numpy as np
 from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data import prepared, text_files
 from seq2seq_jax.data import tokenizer as tokenizer_lib
+from seq2seq_jax.data.sources import pair_range_chunks
 
 _INSTALL = 'pip install "seq2seq-jax[beam]"'
 
@@ -148,10 +163,6 @@ def _part_name(unit: int, part: int) -> str:
   return f"part-{unit:06d}-{part:05d}.array_record"
 
 
-def _reads_files(data_config: DataConfig, split: str) -> bool:
-  return bool(data_config.train_files) and split == data_config.train_split
-
-
 class _Read(beam.DoFn):
   """A unit -> its text in chunks keyed ``(unit, part)``: part k holds the unit's pairs
   k * records_per_shard ... (k + 1) * records_per_shard - 1 that are kept."""
@@ -184,8 +195,8 @@ class _Read(beam.DoFn):
                                          drop_empty=self._drop_empty, counts=counts)
     else:
       start, stop = where
-      chunks = prepared.pair_range_chunks(self._pairs, start, stop, chunk=self._chunk,
-                                          drop_empty=self._drop_empty, counts=counts)
+      chunks = pair_range_chunks(self._pairs, start, stop, chunk=self._chunk,
+                                 drop_empty=self._drop_empty, counts=counts)
     kept = 0
     pieces: dict[int, int] = {}  # part -> chunks emitted so far (their order within the part)
     for lines_C, sources, targets in chunks:
@@ -230,6 +241,17 @@ class _Tokenize(beam.DoFn):
     yield key, (piece, lines, _flatten(source_ids), _flatten(target_ids))
 
 
+def _check_folder(temporary: pathlib.Path) -> None:
+  """The launcher made the temporary folder; a worker that finds it gone must not make
+  another one that nobody owns."""
+  if not temporary.is_dir():
+    raise prepared.PreparedDataError(
+        f"{temporary}, the pipeline's temporary folder, is gone: another prepare removed it "
+        "as abandoned (its launcher stopped and nothing in it changed for "
+        f"{prepared.ABANDONED_AFTER_S:.0f} s), or the workers do not see the launcher's file "
+        "system; nothing was published: run the prepare again and keep its launcher running")
+
+
 class _WriteShard(beam.DoFn):
   """All chunks of one ``(unit, part)`` -> one ArrayRecord shard under a temporary name;
   emits ``(unit, part, lengths [R, 2], lines within the unit [R])``."""
@@ -244,7 +266,7 @@ class _WriteShard(beam.DoFn):
     sources = [ids for chunk in chunks for ids in _unflatten(*chunk[2])]
     targets = [ids for chunk in chunks for ids in _unflatten(*chunk[3])]
     lines = np.concatenate([chunk[1] for chunk in chunks]).astype(np.int64)
-    os.makedirs(self._temporary, exist_ok=True)
+    _check_folder(pathlib.Path(self._temporary))
     lengths = prepared.write_shard(os.path.join(self._temporary, _part_name(unit, part)),
                                    sources, targets, self._dtype)
     yield unit, part, lengths, lines
@@ -262,7 +284,7 @@ class _Finalize(beam.DoFn):
 
   def process(self, _, shards: list[Any], unit_counts: list[Any]) -> Iterator[str]:
     temporary, directory = pathlib.Path(self._temporary), pathlib.Path(self._directory)
-    temporary.mkdir(parents=True, exist_ok=True)
+    _check_folder(temporary)
     lines_read = np.zeros(self._num_units, np.int64)
     dropped = np.zeros(self._num_units, np.int64)
     for unit, lines, empty in unit_counts:
@@ -274,9 +296,20 @@ class _Finalize(beam.DoFn):
     first_line = np.concatenate([[0], np.cumsum(lines_read)[:-1]])
     shard_lengths, shard_lines = [], []
     dtype = np.dtype(self._meta["dtype"])
-    for n, (unit, part, lengths, lines) in enumerate(sorted(shards, key=lambda s: s[:2])):
+    shards = sorted(shards, key=lambda s: s[:2])
+    # A part is where WriteShard put it, or already renamed by an earlier try of this step.
+    missing = [_part_name(unit, part) for n, (unit, part, _, _) in enumerate(shards)
+               if not (temporary / _part_name(unit, part)).exists()
+               and not (temporary / prepared.shard_name(n)).exists()]
+    if missing:
+      raise prepared.PreparedDataError(
+          f"{temporary}: {len(missing)} of {len(shards)} shards that WriteShard reported are "
+          f"missing ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); nothing "
+          "was published. Something removed them while the pipeline ran (another prepare, "
+          "or workers that see another file system than the launcher): run it again")
+    for n, (unit, part, lengths, lines) in enumerate(shards):
       source = temporary / _part_name(unit, part)
-      if source.exists():  # absent when a retry of this step finds it renamed already
+      if source.exists():
         source.replace(temporary / prepared.shard_name(n))
       shard_lengths.append(lengths)
       shard_lines.append(lines + first_line[unit])
@@ -304,8 +337,10 @@ def build_prepare_pipeline(pipeline: beam.Pipeline, data_config: DataConfig, tok
   The text is found here, in the launching process: ``train_files`` is matched (and
   its shards paired), or the tfds corpus is prepared first. The temporary folder is
   made here too (``prepared.start_partial``: abandoned ones are removed first), and
-  this process holds its writer lock until it exits: a later prepare removes the
-  folder once this process is gone and the folder was not published.
+  this process holds its writer lock, and its heartbeat, until it exits: run the
+  pipeline in this process and wait for it (``pipeline.run().wait_until_finish()``);
+  a later prepare removes an unpublished folder only once the lock is free and
+  nothing in it changed for ``prepared.ABANDONED_AFTER_S`` seconds.
 
   Args:
     pipeline: a ``beam.Pipeline``; the caller runs it.
@@ -339,7 +374,7 @@ def build_prepare_pipeline(pipeline: beam.Pipeline, data_config: DataConfig, tok
     writer_lock.close()
     shutil.rmtree(temporary, ignore_errors=True)
     raise
-  _WRITER_LOCKS.append(writer_lock)  # released when this process ends
+  _WRITER_LOCKS.append(writer_lock)  # held, and beating, until this process ends
   return steps
 
 
@@ -358,12 +393,11 @@ def _add_steps(pipeline: beam.Pipeline, data_config: DataConfig, tokenizer: Any,
   """The steps of ``build_prepare_pipeline``, writing into ``temporary`` (already made)."""
   langs = (data_config.source_lang, data_config.target_lang)
   pairs = None
-  if _reads_files(data_config, location.split):
+  if location.source.shards is not None:  # the user's own files
     units: list[_Unit] = [(k, {lang: str(path) for lang, path in shard.items()})
-                         for k, shard in enumerate(prepared.train_file_shards(data_config))]
+                         for k, shard in enumerate(location.source.shards)]
   else:
-    from seq2seq_jax.data import builders  # tfds is slow to import
-    pairs = builders.load_split(data_config, location.split)
+    pairs = location.source.pairs()
     units = [(k, (start, min(start + records_per_shard, len(pairs))))
              for k, start in enumerate(range(0, len(pairs), records_per_shard))]
   meta = location.meta(tokenizer, data_config)
@@ -438,6 +472,9 @@ def run_prepare(data_config: DataConfig, tokenizer: Any, *, split: str | None = 
       with beam.Pipeline(options=make_pipeline_options(pipeline_options)) as pipeline:
         _add_steps(pipeline, data_config, tokenizer, location, temporary=temporary,
                    directory=location.directory, records_per_shard=records_per_shard)
+      # Done already, unless the options said --no_wait_until_finish: the writer lock, its
+      # heartbeat and the cleanup below must outlast every worker's write.
+      pipeline.result.wait_until_finish()
     finally:
       writer_lock.close()
       shutil.rmtree(temporary, ignore_errors=True)  # published already unless the run failed

@@ -330,7 +330,12 @@ def prepare_dataset(data_config: DataConfig, *,
     DataError: bad input files, a failed download or checksum, a dataset whose
       features do not hold both languages.
   """
-  builder = get_builder(data_config, multi30k_url=multi30k_url)
+  return prepare_builder(get_builder(data_config, multi30k_url=multi30k_url), data_config)
+
+
+def prepare_builder(builder: tfds.core.DatasetBuilder,
+                    data_config: DataConfig) -> tfds.core.DatasetBuilder:
+  """``prepare_dataset`` with the builder made already (``sources.SplitSource.builder``)."""
   download_config = tfds.download.DownloadConfig(
       manual_dir=os.path.expanduser(data_config.manual_dir) if data_config.manual_dir else None)
   builder.download_and_prepare(file_format="array_record", download_config=download_config)
@@ -389,7 +394,12 @@ def load_split(data_config: DataConfig, split: str, *,
   Returns:
     ``TextPairs``: ``pairs[i] == (source sentence, target sentence)``.
   """
-  builder = prepare_dataset(data_config, multi30k_url=multi30k_url)
+  return split_pairs(prepare_dataset(data_config, multi30k_url=multi30k_url), data_config, split)
+
+
+def split_pairs(builder: tfds.core.DatasetBuilder, data_config: DataConfig,
+                split: str) -> TextPairs:
+  """``load_split`` of a prepared builder."""
   if split not in builder.info.splits:
     raise DataError(f"{data_config.dataset} has no split {split!r}; it has "
                     f"{', '.join(sorted(builder.info.splits))}: set DataConfig.train_split / "

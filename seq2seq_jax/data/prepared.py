@@ -29,20 +29,32 @@ model, or a pretrained tokenizer's ``to_dict()``), the language codes it is give
 dropped instead of refused, get another folder and are never read by mistake.
 ``corpus`` names the tfds dataset and its version (``multi30k`` and
 ``parallel_text`` carry the content key of their files), or, for
-``DataConfig.train_files``, the files' names, sizes and modification times.
+``DataConfig.train_files``, the files' names, sizes and modification times: the
+``name`` of the split's ``sources.SplitSource``, which ``ids_location`` resolves
+once (``source_location`` takes one resolved already) and the writers read.
 
 Writers: ``prepare_ids`` writes in this process (shards of ``records_per_shard``
-pairs); ``seq2seq_jax.data.beam`` writes the same shards from an Apache Beam
-pipeline. Both go through ``encode_pairs``, ``write_shard`` and ``finalize``,
-so they write the same ids. A folder is written under a temporary name,
-``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...`` for Beam), and
-renamed when complete (``publish``); the writer holds a lock file inside it
-(``writer.lock``) for as long as it writes. Local writers take the folder's lock
-(``{key}.lock``, ``ids_lock``) for the whole write, Beam only to start and to
-publish, and under it a writer removes, and logs, every partial folder whose
-writer is gone (killed, preempted): its ``writer.lock`` is free. The locks are
-``flock`` locks: they hold across hosts on file systems that honour them (local
-disks, NFSv4). The hosts of a multi-host run that are not the writer wait for
+pairs; ``prepare_source`` for a resolved source); ``seq2seq_jax.data.beam`` writes
+the same shards from an Apache Beam pipeline. Both go through ``encode_pairs``,
+``write_shard`` and ``finalize``, so they write the same ids. A folder is written
+under a temporary name, ``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...``
+for Beam), and renamed when complete (``publish``); the writer holds a lock file inside it
+(``writer.lock``) for as long as it writes, and touches it every ``HEARTBEAT_S``
+seconds. Local writers take the folder's lock (``{key}.lock``, ``ids_lock``) for
+the whole write, Beam only to start and to publish, and under it a writer removes,
+and logs, every partial folder whose writer is provably gone (killed, preempted):
+
+- its ``writer.lock`` is free, and
+- the folder's name says this host and a process id that no longer runs (a local
+  writer), or else (another host, a Beam pipeline, whose workers are not the
+  launching process, or a name this cannot read) no file in the folder changed for
+  ``ABANDONED_AFTER_S`` seconds (one hour: sixty missed heartbeats).
+
+A free lock alone proves nothing: ``flock`` locks hold across hosts only on file
+systems that honour them (local disks, NFSv4), not on FUSE mounts such as Cloud
+Storage FUSE, where another host's live writer looks unlocked. A folder removed
+under a writer that was only stalled makes that writer fail (its files are gone),
+never publish. The hosts of a multi-host run that are not the writer wait for
 ``meta.json`` (and raise ``PreparedDataError`` naming the folder after
 ``wait_s``).
 
@@ -80,22 +92,28 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seq2seq_jax.configs import DataConfig
-from seq2seq_jax.data import text_files
+from seq2seq_jax.data.sources import SplitSource, resolve
 from seq2seq_jax.data.text_files import DataError
+
+if TYPE_CHECKING:
+  from seq2seq_jax.data.builders import TextPairs
 
 FORMAT_VERSION = 1
 RECORDS_PER_SHARD = 1_000_000
 # Random access: no read-ahead, no thread pool per reader (array_record's own advice).
 _READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 _WRITER_OPTIONS = "group_size:1"
-_CHUNK = 4096  # pairs tokenized per call
 _WRITER_LOCK = "writer.lock"  # inside a partial folder: held by its writer while it writes
+HEARTBEAT_S = 60.0  # a writer touches its writer.lock this often while it writes
+# A partial folder that a host other than its writer's finds with no file changed for this
+# long (and its lock free) is taken as abandoned: sixty missed heartbeats.
+ABANDONED_AFTER_S = 3600.0
 
 _log = logging.getLogger(__name__)
 
@@ -126,6 +144,25 @@ def encode_pairs(tokenizer: Any, langs: tuple[str | None, str | None], sources: 
   return encode_sources(tokenizer, sources, langs), tokenizer.encode_target(list(targets), langs[1])
 
 
+def token_lengths(pairs: TextPairs, tokenizer: Any, *, chunk: int = 4096,
+                  langs: tuple[str | None, str | None] = (None, None)
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Token counts (EOS included) of every pair; ``langs`` see ``languages``.
+
+  Returns:
+    ``(source_len_N, target_len_N)``, int32 ``[N]`` each, in file order.
+  """
+  source_len_N = np.zeros(len(pairs), np.int32)
+  target_len_N = np.zeros(len(pairs), np.int32)
+  for start in range(0, len(pairs), chunk):
+    batch = pairs.__getitems__(list(range(start, min(start + chunk, len(pairs)))))
+    stop = start + len(batch)
+    texts, targets = [s for s, _ in batch], [t for _, t in batch]
+    source_len_N[start:stop] = [len(ids) for ids in encode_sources(tokenizer, texts, langs)]
+    target_len_N[start:stop] = [len(ids) for ids in tokenizer.encode_target(targets, langs[1])]
+  return source_len_N, target_len_N
+
+
 def tokenizer_key(tokenizer: Any, langs: tuple[str | None, str | None] = (None, None)) -> str:
   """16 hex digits that change whenever the ids of any text could change."""
   digest = hashlib.sha256(f"seq2seq_jax ids v{FORMAT_VERSION} {langs}\n".encode())
@@ -154,92 +191,6 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 def _vocab_size(tokenizer: Any) -> int:
   return max(int(tokenizer.vocab_size), int(getattr(tokenizer, "source_vocab_size", 0)))
-
-
-# ------------------------------------------------------------------------------------------------
-# Where the text comes from: a tfds split or the user's own files.
-
-
-def train_file_shards(data_config: DataConfig) -> list[dict[str, pathlib.Path]]:
-  """``DataConfig.train_files`` matched: one ``{lang: path}`` per shard, sorted by name.
-
-  Raises:
-    DataError: nothing matches, or a shard of one language has no partner in the
-      other (both paths named).
-  """
-  return text_files.glob_aligned(data_config.train_files,
-                                 (data_config.source_lang, data_config.target_lang))
-
-
-def corpus_name(data_config: DataConfig, split: str) -> str:
-  """The ``corpus`` part of a prepared folder (see the module docstring)."""
-  if data_config.train_files and split == data_config.train_split:
-    listing = []
-    for shard in train_file_shards(data_config):
-      for lang, path in sorted(shard.items()):
-        stat = path.stat()
-        listing.append(f"{lang} {path.resolve()} {stat.st_size} {stat.st_mtime_ns}")
-    return "files/" + hashlib.sha256("\n".join(listing).encode()).hexdigest()[:12]
-  from seq2seq_jax.data import builders  # tfds is slow to import
-  builder = builders.get_builder(data_config)
-  config_name = builder.builder_config.name if builder.builder_config else "default"
-  return f"{builder.name}/{config_name}/{builder.version}"
-
-
-def text_pair_chunks(data_config: DataConfig, split: str, *, chunk: int = _CHUNK,
-                     counts: dict[str, int] | None = None
-                     ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
-  """The split's pairs in order, ``chunk`` at a time: ``(lines_C, sources, targets)``.
-
-  A pair with an empty (or blank) side is refused (``DataError`` naming the file and
-  line, or the split and pair) or, with ``DataConfig.empty_lines="drop"``, left out
-  and counted in ``counts["empty_dropped"]``; ``counts["lines"]`` is the number of
-  pairs read. ``lines_C`` are the 0-based lines (in the whole split) of the pairs kept.
-  """
-  counts = {} if counts is None else counts
-  counts.setdefault("lines", 0)
-  counts.setdefault("empty_dropped", 0)
-  drop = data_config.empty_lines == "drop"
-  if data_config.train_files and split == data_config.train_split:
-    langs = (data_config.source_lang, data_config.target_lang)
-    for shard in train_file_shards(data_config):
-      yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
-                                           counts=counts)
-    return
-  from seq2seq_jax.data import builders
-  pairs = builders.load_split(data_config, split)
-  yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop, counts=counts)
-
-
-def pair_range_chunks(pairs: Any, start: int, stop: int, *, chunk: int = _CHUNK,
-                      drop_empty: bool = False, counts: dict[str, int] | None = None
-                      ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
-  """Pairs ``start`` to ``stop`` of a tfds split (``builders.TextPairs``), ``chunk`` at a time.
-
-  The tfds half of ``text_pair_chunks``; the Beam pipeline reads one range per element.
-
-  Yields:
-    ``(lines_C, sources, targets)``: the 0-based indices in the split of the pairs kept.
-
-  Raises:
-    DataError: a pair with an empty side, unless ``drop_empty`` (then counted in
-      ``counts["empty_dropped"]``); ``counts["lines"]`` grows by the pairs read.
-  """
-  counts = {} if counts is None else counts
-  counts.setdefault("lines", 0)
-  counts.setdefault("empty_dropped", 0)
-  for first in range(start, stop, chunk):
-    batch = pairs.__getitems__(list(range(first, min(first + chunk, stop))))
-    keep = [i for i, (s, t) in enumerate(batch) if s.strip() and t.strip()]
-    counts["lines"] += len(batch)
-    if len(keep) < len(batch):
-      if not drop_empty:
-        bad = min(set(range(len(batch))) - set(keep))
-        raise DataError(f"{pairs}: pair {first + bad} (0-based) has an empty side; set "
-                        "DataConfig.empty_lines='drop' to leave such pairs out (they are counted)")
-      counts["empty_dropped"] += len(batch) - len(keep)
-    yield (np.asarray(keep, np.int64) + first, [batch[i][0] for i in keep],
-           [batch[i][1] for i in keep])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -323,6 +274,7 @@ class IdsLocation:
   langs: tuple[str | None, str | None]
   tokenizer_key: str
   settings: dict[str, Any]  # ids_settings
+  source: SplitSource  # where the split's text comes from
 
   def meta(self, tokenizer: Any, data_config: DataConfig) -> dict[str, Any]:
     return {"corpus": self.corpus, "split": self.split, "source_lang": data_config.source_lang,
@@ -334,17 +286,21 @@ class IdsLocation:
 
 def ids_location(data_config: DataConfig, tokenizer: Any, split: str | None = None) -> IdsLocation:
   """The folder of ``split``'s ids for this corpus, tokenizer and settings (it may not exist yet)."""
-  from seq2seq_jax.data.builders import resolve_data_dir
-  split = split or data_config.train_split
+  return source_location(resolve(data_config, split), tokenizer)
+
+
+def source_location(source: SplitSource, tokenizer: Any) -> IdsLocation:
+  """``ids_location`` of a split whose source is resolved (``sources.resolve``)."""
+  data_config = source.data_config
   langs = languages(data_config, tokenizer)
   tokenizer_digest = tokenizer_key(tokenizer, langs)
   settings = ids_settings(data_config)
   key = ids_key(tokenizer_digest, settings)
-  corpus = corpus_name(data_config, split)
-  directory = (pathlib.Path(resolve_data_dir(data_config)) / "ids" / corpus
-               / f"{data_config.source_lang}-{data_config.target_lang}" / split / key)
-  return IdsLocation(directory=directory, corpus=corpus, split=split, key=key, langs=langs,
-                     tokenizer_key=tokenizer_digest, settings=settings)
+  corpus = source.name
+  directory = (pathlib.Path(source.data_dir) / "ids" / corpus
+               / f"{data_config.source_lang}-{data_config.target_lang}" / source.split / key)
+  return IdsLocation(directory=directory, corpus=corpus, split=source.split, key=key, langs=langs,
+                     tokenizer_key=tokenizer_digest, settings=settings, source=source)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -374,8 +330,36 @@ def writer_tag() -> str:
   return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _writer_gone(partial: pathlib.Path) -> bool:
-  """Whether nobody holds ``partial``'s writer lock (a folder without one has no writer)."""
+class WriterLock:
+  """A partial folder's ``writer.lock``, held (``flock``) and touched every ``HEARTBEAT_S``
+  seconds by a daemon thread until ``close()``: what tells other prepares, on this host
+  and on others, that the folder's writer is alive."""
+
+  def __init__(self, folder: pathlib.Path):
+    self._path = folder / _WRITER_LOCK
+    self._handle = open(self._path, "a+")
+    fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._beat, name=f"heartbeat {folder.name}",
+                                    daemon=True)
+    self._thread.start()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      try:
+        os.utime(self._path)
+      except OSError:  # published (the lock file is gone) or removed: nothing left to mark
+        return
+
+  def close(self) -> None:
+    """Stops the heartbeat and releases the lock: the folder counts as abandoned from then."""
+    self._stop.set()
+    self._handle.close()
+
+
+def _lock_free(partial: pathlib.Path) -> bool:
+  """Whether nobody here holds ``partial``'s writer lock (on a file system whose locks do not
+  reach other hosts, a lock another host holds looks free)."""
   with open(partial / _WRITER_LOCK, "a+") as handle:
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -385,15 +369,67 @@ def _writer_gone(partial: pathlib.Path) -> bool:
     return True
 
 
+def _named_writer(partial: pathlib.Path) -> tuple[str, int] | None:
+  """``(host, pid)`` of a local writer's folder ``{key}.partial-{host}-{pid}-{random}``; None
+  for a Beam folder (its workers are other processes than the one named) or a name that
+  does not parse (a host name may hold dashes: the pid and random part are split off the
+  end, and a misread name only ever falls to the slower, quiet-folder rule)."""
+  tag = partial.name.partition(".partial-")[2]
+  if tag.startswith("beam-"):
+    return None
+  host, _, rest = tag.rpartition("-")[0].rpartition("-")
+  try:
+    return host, int(rest)
+  except ValueError:
+    return None
+
+
+def _process_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
+
+
+def _last_change(folder: pathlib.Path) -> float:
+  """The newest modification time of ``folder`` and of everything in it (seconds since the epoch)."""
+  times = [folder.stat().st_mtime]
+  for path in folder.rglob("*"):
+    try:
+      times.append(path.stat().st_mtime)
+    except FileNotFoundError:  # removed meanwhile
+      pass
+  return max(times)
+
+
+def _writer_gone(partial: pathlib.Path) -> str | None:
+  """Why ``partial``'s writer is provably gone, or None while it may still write."""
+  if not _lock_free(partial):
+    return None
+  named = _named_writer(partial)
+  if named is not None and named[0] == socket.gethostname() and not _process_alive(named[1]):
+    return f"its writer, process {named[1]} of this host, has ended"
+  quiet_s = time.time() - _last_change(partial)
+  if quiet_s > ABANDONED_AFTER_S:
+    return (f"no file in it changed for {quiet_s:.0f} s (more than ABANDONED_AFTER_S="
+            f"{ABANDONED_AFTER_S:.0f}) and its writer lock is free")
+  return None
+
+
 def _size_mb(folder: pathlib.Path) -> float:
   return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
 
 
 def remove_abandoned(directory: str | os.PathLike) -> list[pathlib.Path]:
-  """Removes the partial folders of ``directory`` whose writer is gone, and logs each.
+  """Removes the partial folders of ``directory`` whose writer is provably gone, and logs each.
 
-  A writer that still writes holds its ``writer.lock``, and its folder stays. Takes
-  ``ids_lock(directory)`` when there is a partial folder to look at.
+  Gone: the ``writer.lock`` is free and the folder names a process of this host
+  that has ended, or else no file in it changed for ``ABANDONED_AFTER_S`` seconds
+  (module docstring). Every other folder stays. Takes ``ids_lock(directory)`` when
+  there is a partial folder to look at.
 
   Returns:
     The folders removed.
@@ -410,23 +446,26 @@ def _remove_abandoned(directory: pathlib.Path) -> list[pathlib.Path]:
   """``remove_abandoned`` for a caller that holds ``ids_lock(directory)``."""
   removed = []
   for partial in sorted(directory.parent.glob(f"{directory.name}.partial-*")):
-    if not partial.is_dir() or not _writer_gone(partial):
+    reason = _writer_gone(partial) if partial.is_dir() else None
+    if reason is None:
       continue
     size = _size_mb(partial)
     shutil.rmtree(partial, ignore_errors=True)
     _log.warning("removed %s (%.1f MB): an unfinished folder of token ids whose writer stopped "
-                 "before it finished (killed or preempted)", partial, size)
+                 "before it finished (killed or preempted): %s", partial, size, reason)
     removed.append(partial)
   return removed
 
 
-def start_partial(directory: str | os.PathLike, prefix: str = "") -> tuple[pathlib.Path, IO]:
-  """A new temporary folder for ``directory``'s ids, and its writer lock, held.
+def start_partial(directory: str | os.PathLike, prefix: str = "") -> tuple[pathlib.Path,
+                                                                            WriterLock]:
+  """A new temporary folder for ``directory``'s ids, and its writer lock, held and beating.
 
   The caller holds ``ids_lock(directory)``; the abandoned partial folders of
   ``directory`` are removed first (as ``remove_abandoned`` does). Close the returned
-  handle when the writing ends (``publish`` does not): the folder counts as
-  abandoned from then on, or from the moment this process dies.
+  lock when the writing ends (``publish`` does not): from then on, or from the
+  moment this process dies, the folder counts as abandoned by the rules of
+  ``remove_abandoned``.
 
   Args:
     directory: the finished folder the ids will have.
@@ -434,15 +473,13 @@ def start_partial(directory: str | os.PathLike, prefix: str = "") -> tuple[pathl
 
   Returns:
     ``(temporary, lock)``: ``{directory}.partial-{prefix}{host}-{pid}-{random}`` and
-    the open file whose ``flock`` marks it as written.
+    its ``WriterLock``.
   """
   directory = pathlib.Path(directory)
   _remove_abandoned(directory)
   temporary = directory.with_name(f"{directory.name}.partial-{prefix}{writer_tag()}")
   temporary.mkdir(parents=True)
-  handle = open(temporary / _WRITER_LOCK, "a+")
-  fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  return temporary, handle
+  return temporary, WriterLock(temporary)
 
 
 def publish(temporary: str | os.PathLike, directory: str | os.PathLike) -> bool:
@@ -488,8 +525,8 @@ def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: Data
   shard_lines: list[list[np.ndarray]] = []
   counts: dict[str, int] = {}
   writer: ShardWriter | None = None
-  for lines_C, sources, targets in text_pair_chunks(data_config, location.split, counts=counts):
-    source_ids, target_ids = encode_pairs(tokenizer, location.langs, sources, targets)
+  for lines_C, texts, targets in location.source.chunks(counts=counts):
+    source_ids, target_ids = encode_pairs(tokenizer, location.langs, texts, targets)
     taken = 0
     while taken < len(source_ids):  # a chunk may straddle two shards
       if writer is None:
@@ -541,7 +578,16 @@ def prepare_ids(data_config: DataConfig, tokenizer: Any, *, split: str | None = 
       the command that prepares it), or the folder is damaged.
     DataError: bad input text (file and line named).
   """
-  location = ids_location(data_config, tokenizer, split)
+  return prepare_source(resolve(data_config, split), tokenizer, writer=writer,
+                        wait_s=wait_s, records_per_shard=records_per_shard)
+
+
+def prepare_source(source: SplitSource, tokenizer: Any, *, writer: bool = True,
+                   wait_s: float = 3600.0,
+                   records_per_shard: int = RECORDS_PER_SHARD) -> PreparedIds:
+  """``prepare_ids`` of a split whose source is resolved (``sources.resolve``)."""
+  location = source_location(source, tokenizer)
+  data_config = source.data_config
   meta_path = location.directory / "meta.json"
   if writer:
     if not meta_path.exists():

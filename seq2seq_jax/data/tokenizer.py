@@ -221,21 +221,20 @@ def _first_sentences(chunks, max_pairs: int = MAX_TRAINING_PAIRS) -> Iterator[st
 def train_tokenizer(data_config: DataConfig, *, model_type: str = "unigram") -> Tokenizer:
   """Trains the joint vocabulary of ``data_config.vocab_size`` on its training split.
 
-  Prepares the corpus first if needed (see ``builders.load_split``). With
+  Prepares the corpus first if needed (see ``sources.SplitSource.pairs``). With
   ``data_config.train_files`` it reads the first ``MAX_TRAINING_PAIRS`` pairs of those
   files instead (in shard order: shuffle the shards' contents if their order is
   not random).
   """
+  from seq2seq_jax.data import sources  # builders import tfds; keep this module light
+  source = sources.resolve(data_config, data_config.train_split)
   if data_config.train_files:
-    from seq2seq_jax.data.prepared import text_pair_chunks
-    tokenizer = train_tokenizer_from_text(
-        _first_sentences(text_pair_chunks(data_config, data_config.train_split)),
-        data_config.vocab_size, model_type=model_type)
+    tokenizer = train_tokenizer_from_text(_first_sentences(source.chunks()),
+                                          data_config.vocab_size, model_type=model_type)
     _log.info("trained a %d-piece sentencepiece vocabulary on %s", tokenizer.vocab_size,
               data_config.train_files)
     return tokenizer
-  from seq2seq_jax.data.builders import load_split  # builders import tfds; keep this module light
-  pairs = load_split(data_config, data_config.train_split)
+  pairs = source.pairs()
   tokenizer = train_tokenizer_from_text(training_sentences(pairs), data_config.vocab_size,
                                         model_type=model_type)
   _log.info("trained a %d-piece sentencepiece vocabulary on %s", tokenizer.vocab_size, pairs)

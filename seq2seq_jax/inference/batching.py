@@ -26,8 +26,10 @@ import numpy as np
 
 logger = logging.getLogger("seq2seq_jax")
 
-# on_truncate(number, tokens, limit): told of each sentence cut to the model's limit.
+# on_truncate(number, tokens, limit): told of each sentence cut to its limit.
 TruncationHandler = Callable[[int, int, int], None]
+
+MODEL_LIMIT = "the model's max_len"  # where a limit comes from, as warnings name it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,26 @@ def bucket_length(buckets: Sequence[int], length: int) -> int:
       return bucket
   raise ValueError(f"a sentence of {length} tokens is longer than the longest bucket "
                    f"{buckets[-1]}; truncate it first (Translator.encode does)")
+
+
+def reaching(buckets: Sequence[int], limit: int) -> tuple[int, ...]:
+  """Bucket lengths up to ``limit``: those of ``buckets`` below it, then the largest
+  doubled while it stays below ``limit``, then ``limit`` itself.
+
+  Buckets made for a shorter training length still reach the translator's limit in
+  a few shapes (a handful of compiled programs, never one per length), and a
+  sentence just over the largest bucket is not padded all the way to ``limit``.
+
+  Example:
+    >>> reaching((12, 24, 48), 128)
+    (12, 24, 48, 96, 128)
+  """
+  kept = sorted({b for b in buckets if b < limit})
+  top = kept[-1] if kept else limit
+  while 2 * top < limit:
+    top *= 2
+    kept.append(top)
+  return tuple(kept) + (limit,)
 
 
 def rows_for_length(length: int, *, max_rows: int, batch_tokens: int | None,
@@ -119,18 +141,22 @@ def pad_batch(rows: Sequence[Sequence[int]], *, length: int, count: int, pad_id:
   return batch
 
 
-def warn_truncated(what: str, number: int, tokens: int, limit: int) -> None:
-  logger.warning("%s %d has %d tokens; truncated to the model's limit of %d (EOS included)",
-                 what, number, tokens, limit)
+def warn_truncated(what: str, number: int, tokens: int, limit: int,
+                   origin: str = MODEL_LIMIT) -> None:
+  """Logs "WHAT NUMBER has N tokens; truncated to LIMIT (EOS included), ORIGIN"; ``origin``
+  says where the limit comes from (``MODEL_LIMIT``, or a limit the user set)."""
+  logger.warning("%s %d has %d tokens; truncated to %d (EOS included), %s",
+                 what, number, tokens, limit, origin)
 
 
 def truncate_rows(rows: Sequence[Sequence[int]], limit: int, *, what: str = "sentence",
                   numbers: Sequence[int] | None = None,
-                  on_truncate: TruncationHandler | None = None) -> list[list[int]]:
+                  on_truncate: TruncationHandler | None = None,
+                  origin: str = MODEL_LIMIT) -> list[list[int]]:
   """Rows longer than ``limit`` keep their first ``limit - 1`` ids and their last (EOS).
 
   Each cut row is reported: ``on_truncate(number, tokens, limit)``, or by default a
-  warning on the ``seq2seq_jax`` logger, "WHAT NUMBER has N tokens; truncated ...",
+  warning on the ``seq2seq_jax`` logger (``warn_truncated``, naming ``origin``),
   where NUMBER is ``numbers[i]`` (e.g. a line number) or the row's index.
   """
   out = []
@@ -138,7 +164,7 @@ def truncate_rows(rows: Sequence[Sequence[int]], limit: int, *, what: str = "sen
     if len(ids) > limit:
       number = i if numbers is None else numbers[i]
       if on_truncate is None:
-        warn_truncated(what, number, len(ids), limit)
+        warn_truncated(what, number, len(ids), limit, origin)
       else:
         on_truncate(number, len(ids), limit)
       ids = list(ids[:limit - 1]) + list(ids[-1:])

@@ -19,7 +19,7 @@ Example:
   >>> info = export_translator(translator, "tiny.s2sx", platforms=("cpu", "cuda", "tpu"),
   ...                          bucket_lengths=(16,), row_counts=(1, 2), beam_size=4)
   >>> info.platforms, info.shapes  # (rows, length); the longest a sentence can be is added
-  (('cpu', 'cuda', 'tpu'), ((1, 16), (1, 48), (2, 16), (2, 48)))
+  (('cpu', 'cuda', 'tpu'), ((1, 16), (1, 64), (2, 16), (2, 64)))
   >>> sentences = ["Ein Hund rennt.", "Zwei Männer sitzen auf einer Bank."]
   >>> load_exported("tiny.s2sx").translate(sentences) == translator.translate(sentences,
   ...                                                                         beam_size=4)

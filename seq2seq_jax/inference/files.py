@@ -23,8 +23,8 @@ given the same line of the input (``Translator.score``). ``prefixes`` and
 line, and the phrases (tab-separated) each translation must contain (empty lines
 for none; ``Translator.translate``'s ``target_prefix`` and ``constraints``). An
 empty input line gives an empty output (K of them with n-best); invalid UTF-8 stops with an error naming
-the line; a line longer than the model allows is truncated with a warning naming
-it.
+the line; a line longer than the translator's source limit (``max_source_len``) is
+truncated with a warning naming it and the limit's origin.
 
 Several hosts (``jax.distributed``): every host reads the input and plans the same
 batches; each feeds and decodes its own share of every batch's rows on its
@@ -63,7 +63,7 @@ import numpy as np
 from seq2seq_jax import text_controls
 from seq2seq_jax.configs import DecodeConfig, TranslateFileConfig
 from seq2seq_jax.data.text_files import DataError, decode_line
-from seq2seq_jax.inference.batching import warn_truncated
+from seq2seq_jax.inference.batching import MODEL_LIMIT, warn_truncated
 from seq2seq_jax.inference.translator import Translator, output_lengths, total_logprobs
 from seq2seq_jax.training.sharding import broadcast_json
 from seq2seq_jax.types import NEG_INF
@@ -96,7 +96,7 @@ class FileResult:
   decoded: int  # lines decoded by this call (a resumed call skips the finished ones)
   resumed_from: int  # lines already complete when the call started
   tokens: int  # tokens generated (or scored) by this call
-  truncated: int  # lines cut to the model's length limit
+  truncated: int  # lines cut to the length limit (Translator.max_source_len; targets: max_len)
   seconds: float
   output: str | None  # None: standard output
 
@@ -546,7 +546,7 @@ def translate_file(translator: Translator, input_path: str | os.PathLike | None,
     for lines_of in sides.values():
       lines_of.stream.close()
   if state.truncated > _TRUNCATION_WARNINGS:
-    logger.warning("%s: %d lines in all were truncated to the model's limit (the first %d "
+    logger.warning("%s: %d lines in all were truncated to their limit (the first %d "
                    "are named above)", name, state.truncated, _TRUNCATION_WARNINGS)
   return FileResult(lines=state.lines_done, decoded=progress.decoded,
                     resumed_from=start["lines_done"], tokens=progress.tokens,
@@ -569,13 +569,13 @@ class _Run:
   ctrl_c: _CtrlC = dataclasses.field(default_factory=_CtrlC)
   truncated: int = 0
 
-  def _on_truncate(self, what: str) -> Callable[[int, int, int], None]:
+  def _on_truncate(self, what: str, origin: str = MODEL_LIMIT) -> Callable[[int, int, int], None]:
     def warn(number: int, tokens: int, limit: int) -> None:
       if number <= self.lines_done:  # finished before a resume: warned about then
         return
       self.truncated += 1
       if self.truncated <= _TRUNCATION_WARNINGS:
-        warn_truncated(what, number, tokens, limit)
+        warn_truncated(what, number, tokens, limit, origin)
     return warn
 
   def window(self, lines: list[str], side_lines: dict[str, list[str]], *,
@@ -590,7 +590,8 @@ class _Run:
     encoded = self.translator.encode([lines[i] for i in todo], self.source_lang,
                                      target_lang=self.target_lang,
                                      numbers=numbers, what=f"{name}: line",
-                                     on_truncate=self._on_truncate(f"{name}: line"))
+                                     on_truncate=self._on_truncate(
+                                         f"{name}: line", self.translator.source_limit_origin))
     decoded_lines = set(todo)
     ready = {i: self._empty(first + i) for i in range(skip, len(lines))
              if i not in decoded_lines}

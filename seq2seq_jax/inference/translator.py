@@ -33,15 +33,18 @@ from seq2seq_jax.configs import DecodeConfig
 from seq2seq_jax import text_controls
 from seq2seq_jax.decoding import check_controls, length_penalty, search_fn
 from seq2seq_jax.layers.partitioning import activation_sharding
-from seq2seq_jax.inference.batching import (PlannedBatch, TruncationHandler, bucket_length,
-                                            encode_sources, pad_batch, plan_batches,
-                                            truncate_rows)
+from seq2seq_jax.inference.batching import (MODEL_LIMIT, PlannedBatch, TruncationHandler,
+                                            bucket_length, encode_sources, pad_batch,
+                                            plan_batches, reaching, truncate_rows)
 from seq2seq_jax.models.base import special_ids
 from seq2seq_jax.training.sharding import DATA_AXIS, make_mesh
 from seq2seq_jax.types import Array, PyTree
 
 
 CONTROLS = ("target_prefix", "constraints")  # per-row arrays a search may take, in this order
+# from_pretrained's source limit where the model takes more: the ratio rule's output limit
+# and the decode cache follow the source limit, for every sentence.
+_PRETRAINED_SOURCE_LIMIT = 256
 
 
 def _target_logprobs(model: nn.Module, params: PyTree, inputs_BS: Array,
@@ -171,28 +174,40 @@ class Translator:
       checkpoint's (``seq2seq_jax.pretrained.tokenizers``).
     decode_config: default search settings (``translate`` may override them).
     max_source_len: longest source in tokens (EOS included); longer inputs are
-      truncated with a warning on the ``seq2seq_jax`` logger.
-    bucket_lengths: padded source lengths; ``max_source_len`` is always added.
+      truncated with a warning on the ``seq2seq_jax`` logger that names the limit
+      and where it comes from. Default: the model's ``max_len`` (a Transformer's
+      position table), or 128 for a model that states none.
+    bucket_lengths: padded source lengths; they are extended to ``max_source_len``
+      by doubling the largest below it (``batching.reaching``), so a limit above the
+      buckets compiles a few more shapes, never one per length.
     batch_size: most rows decoded at once by ``translate`` and ``score``.
     mesh: a ``("data", "model")`` mesh (``seq2seq_jax.make_mesh()``: every device of
       every host); default: the first device alone.
   """
 
   def __init__(self, model: nn.Module, params: PyTree, tokenizer: Any, *,
-               decode_config: DecodeConfig = DecodeConfig(), max_source_len: int = 128,
+               decode_config: DecodeConfig = DecodeConfig(), max_source_len: int | None = None,
                bucket_lengths: Sequence[int] = (16, 32, 64), batch_size: int = 64,
                mesh: Mesh | None = None):
-    model_max = getattr(getattr(model, "config", None), "max_len", max_source_len)
-    if max_source_len > model_max:
-      raise ValueError(f"max_source_len={max_source_len} exceeds the model's max_len={model_max}")
+    model_max = getattr(getattr(model, "config", None), "max_len", None)
+    if max_source_len is None:
+      max_source_len = model_max or 128
+      # where the limit comes from, as truncation warnings say it
+      self.source_limit_origin = MODEL_LIMIT if model_max else "the Translator's default"
+    else:
+      self.source_limit_origin = (f"the max_source_len given (--max-source-len; the model "
+                                  f"takes {model_max})" if model_max else
+                                  "the max_source_len given (--max-source-len)")
+    if model_max and max_source_len > model_max:
+      raise ValueError(f"max_source_len={max_source_len} exceeds the model's max_len={model_max}: "
+                       f"give at most {model_max} (--max-source-len)")
     if batch_size <= 0:
       raise ValueError(f"batch_size={batch_size} must be positive")
     self.model = model
     self.tokenizer = tokenizer
     self.decode_config = decode_config
     self.max_source_len = max_source_len
-    self.bucket_lengths = tuple(sorted({b for b in bucket_lengths if b < max_source_len}
-                                       | {max_source_len}))
+    self.bucket_lengths = reaching(bucket_lengths, max_source_len)
     self.batch_size = batch_size
     self.config = None  # the ExperimentConfig, when loaded with from_workdir
     self.step = None  # the checkpoint step, when loaded with from_workdir
@@ -214,7 +229,9 @@ class Translator:
       workdir: the training run's directory (holding ``checkpoints/``).
       step: ``"best"`` (highest validation BLEU), ``"latest"`` or a step number;
         default: the best when a checkpoint has a validation BLEU, else the latest.
-      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``).
+      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``,
+        ``max_source_len=...``; the source limit defaults to the model's ``max_len``,
+        not to the run's ``data.max_source_len``, which filtered or cut training pairs).
 
     Raises:
       CheckpointError: ``workdir`` holds no checkpoint (the message says where it looked).
@@ -236,9 +253,7 @@ class Translator:
     if tokenizer is None:
       raise checkpoints.CheckpointError(f"{directory}/{step} holds no tokenizer")
     params, config = restore.load_params(directory, step=step)
-    options = dict(decode_config=config.decode,
-                   max_source_len=min(config.model.max_len, config.data.max_source_len),
-                   bucket_lengths=config.data.bucket_lengths,
+    options = dict(decode_config=config.decode, bucket_lengths=config.data.bucket_lengths,
                    batch_size=config.data.eval_batch_size)
     options.update(kwargs)
     translator = cls(build_model(config.model), params, tokenizer, **options)
@@ -257,15 +272,24 @@ class Translator:
     Args:
       path: a ``save_pretrained`` directory (see ``seq2seq_jax.pretrained.load``).
       dtype: compute dtype, "float32" or "bfloat16".
-      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``).
+      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``). The
+        source limit defaults to 256 tokens where the model takes more (OPUS-MT 512,
+        NLLB 1,024): the output limit and the decode cache grow with it, for every
+        sentence; ``max_source_len=`` raises it up to the model's ``max_len``.
     """
     from seq2seq_jax import pretrained  # pylint: disable=import-outside-toplevel
     checkpoint = pretrained.load(path, dtype=dtype)
+    model_max = checkpoint.config.max_len
     options = dict(decode_config=dataclasses.replace(checkpoint.decode_config, max_decode_len=0),
-                   max_source_len=min(checkpoint.config.max_len, 256),
+                   max_source_len=min(model_max, _PRETRAINED_SOURCE_LIMIT),
                    bucket_lengths=(16, 32, 64, 128), batch_size=32)
     options.update(kwargs)
     translator = cls(checkpoint.model, checkpoint.params, checkpoint.tokenizer, **options)
+    if "max_source_len" not in kwargs:
+      translator.source_limit_origin = (
+          MODEL_LIMIT if translator.max_source_len == model_max else
+          f"from_pretrained's default (the model takes {model_max}: raise it with "
+          "max_source_len= or --max-source-len)")
     translator.pretrained = checkpoint
     return translator
 
@@ -301,6 +325,9 @@ class Translator:
     options.update(kwargs)
     translator = cls(model, ensemble_params([t.params for t in translators]), first.tokenizer,
                      **options)
+    if "max_source_len" not in kwargs:  # the shortest member's limit, and its reason
+      translator.source_limit_origin = min(
+          translators, key=lambda t: t.max_source_len).source_limit_origin
     translator.config, translator.step = first.config, first.step
     translator.pretrained = first.pretrained
     return translator
@@ -364,7 +391,7 @@ class Translator:
     """
     rows = encode_sources(self.tokenizer, list(sentences), source_lang, target_lang)
     return truncate_rows(rows, self.max_source_len, what=what, numbers=numbers,
-                         on_truncate=on_truncate)
+                         on_truncate=on_truncate, origin=self.source_limit_origin)
 
   def _pad(self, rows: list[list[int]], length: int, count: int) -> np.ndarray:
     return pad_batch(rows, length=length, count=count, pad_id=self.ids.pad_id,

@@ -382,7 +382,7 @@ class _Run:
                checkpointer: checkpoints_lib.Checkpointer, *, tokenizer,
                state_sharding_fn: step_lib.StateShardingFn | None, log: Callable[..., None]):
     """Set-up: checks the workdir's run, loads the tokenizer, builds the model and the data."""
-    from seq2seq_jax.data import pipeline  # the data stack loads tfds; import when training
+    from seq2seq_jax.data import iterators  # the data stack loads tfds; import when training
     train_config = config.train
     self.config, self.workdir, self.checkpointer, self.log = config, workdir, checkpointer, log
     self.resume_step = checkpointer.latest_step()
@@ -403,7 +403,7 @@ class _Run:
     self._schedule = schedules.make_schedule(train_config)
     self._optimizer = optimizer_lib.make_optimizer(train_config, self._schedule)
     self.model = step_lib.build_model(config.model, compute_dtype=dtype)
-    self.iterator = pipeline.make_train_iterator(config.data, tokenizer,
+    self.iterator = iterators.make_train_iterator(config.data, tokenizer,
                                                  shard_index=jax.process_index(),
                                                  shard_count=jax.process_count())
     self._validator: validation.Validator | None = None

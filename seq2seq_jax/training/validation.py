@@ -30,7 +30,7 @@ class Validator:
   """
 
   def __init__(self, config: ExperimentConfig, tokenizer, model, mesh, params):
-    from seq2seq_jax.data import pipeline  # the data stack loads tfds; import when training
+    from seq2seq_jax.data import iterators, sources  # the data stack loads tfds: only to train
     self._config = config
     self._tokenizer = tokenizer
     self._model = model
@@ -39,10 +39,10 @@ class Validator:
     # Decoded rows back where their sources were (generate's own output sharding
     # may differ, e.g. under FSDP), so each host reads exactly its own rows.
     self._to_rows = jax.jit(lambda x: x, out_shardings=step_lib.batch_sharding(mesh))
-    self._batches = pipeline.make_eval_batches(config.data, tokenizer,
+    self._batches = iterators.make_eval_batches(config.data, tokenizer,
                                                shard_index=jax.process_index(),
                                                shard_count=jax.process_count())
-    self._references = pipeline.load_eval_text(config.data).references
+    self._references = sources.load_eval_text(config.data).references
 
   def __call__(self, params) -> dict[str, Any]:
     """``val_loss``, ``val_nll``, ``val_ppl``, ``val_accuracy``, ``bleu``, ``bleu_signature``

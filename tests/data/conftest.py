@@ -9,6 +9,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow_datasets as tfds
@@ -72,6 +73,15 @@ def folder_bytes(folder: pathlib.Path) -> dict[str, bytes]:
 def partial_folders(data_dir: pathlib.Path) -> list[pathlib.Path]:
   """The unfinished ids folders under ``data_dir``."""
   return sorted(path for path in data_dir.glob("ids/**/*.partial-*") if path.is_dir())
+
+
+def age_folder(folder: pathlib.Path, seconds: float | None = None) -> None:
+  """Sets the modification time of ``folder`` and of all in it to ``seconds`` ago (default:
+  just past ``prepared.ABANDONED_AFTER_S``): a folder in which nothing changed that long."""
+  from seq2seq_jax.data import prepared
+  then = time.time() - (prepared.ABANDONED_AFTER_S + 60 if seconds is None else seconds)
+  for path in [folder, *folder.rglob("*")]:
+    os.utime(path, (then, then))
 
 
 def kill_a_prepare(config: DataConfig, tokenizer: tokenizer_lib.Tokenizer, tmp_path: pathlib.Path,

@@ -14,7 +14,8 @@ import seq2seq_jax.data
 from seq2seq_jax import cli
 from seq2seq_jax.data import prepared
 from seq2seq_jax.data.text_files import DataError
-from tests.data.conftest import folder_bytes, kill_a_prepare, partial_folders, write_lines
+from tests.data.conftest import (age_folder, folder_bytes, kill_a_prepare, partial_folders,
+                                 write_lines)
 
 try:
   from seq2seq_jax.data import beam
@@ -129,8 +130,11 @@ def test_a_beam_prepare_killed_while_writing_ids_leaves_nothing_behind(tiny_conf
   (partial,) = partial_folders(tmp_path / "killed")
   assert partial.name.split(".partial-")[1].startswith("beam-")
   assert list(partial.glob("part-*.array_record")) and not (partial / "meta.json").exists()
+  again = beam.run_prepare(killed, tiny_tokenizer, records_per_shard=64)
+  assert partial.is_dir()  # its launcher has ended, but workers elsewhere may still write
+  age_folder(partial)  # an hour later, nothing in it has changed
   with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.prepared"):
-    again = beam.run_prepare(killed, tiny_tokenizer, records_per_shard=64)
+    assert beam.run_prepare(killed, tiny_tokenizer).directory == again.directory
   assert f"removed {partial}" in caplog.text
   assert not partial_folders(tmp_path / "killed")
   whole = beam.run_prepare(dataclasses.replace(tiny_config, data_dir=str(tmp_path / "whole")),
@@ -139,9 +143,34 @@ def test_a_beam_prepare_killed_while_writing_ids_leaves_nothing_behind(tiny_conf
   # A killed Beam launcher's folder is removed by a local prepare too.
   killed = dataclasses.replace(tiny_config, data_dir=str(tmp_path / "local"))
   kill_a_prepare(killed, tiny_tokenizer, tmp_path, writer="beam", records_per_shard=64, kill_at=3)
-  assert partial_folders(tmp_path / "local")
+  (partial,) = partial_folders(tmp_path / "local")
+  age_folder(partial)
   local = prepared.prepare_ids(killed, tiny_tokenizer, records_per_shard=64)
   assert not partial_folders(tmp_path / "local") and local.meta["writer"] == "local"
+
+
+@needs_beam
+def test_a_shard_lost_while_the_pipeline_runs_fails_by_name_and_publishes_nothing(
+    tiny_config, tiny_tokenizer, tmp_path, monkeypatch):
+  config = dataclasses.replace(tiny_config, data_dir=str(tmp_path))
+  write_shard = prepared.write_shard
+
+  def losing_one(path, *args):  # as another prepare removing the folder's files would
+    lengths = write_shard(path, *args)
+    if pathlib.Path(path).name == "part-000001-00000.array_record":
+      os.remove(path)
+    return lengths
+  monkeypatch.setattr(prepared, "write_shard", losing_one)
+  with pytest.raises(prepared.PreparedDataError,
+                     match=r"1 of 3 shards .* missing \(part-000001-00000\.array_record\); "
+                           r"nothing was published"):
+    beam.run_prepare(config, tiny_tokenizer, records_per_shard=128)
+  assert not list(tmp_path.glob("ids/**/meta.json"))
+  assert not prepared.ids_location(config, tiny_tokenizer).directory.exists()
+  # A worker never makes the launcher's folder again once it is gone.
+  with pytest.raises(prepared.PreparedDataError, match=r"gone\.partial-beam-x.*is gone"):
+    beam._check_folder(tmp_path / "gone.partial-beam-x")  # pylint: disable=protected-access
+  assert not (tmp_path / "gone.partial-beam-x").exists()
 
 
 @needs_beam

@@ -7,14 +7,18 @@ import os
 import pathlib
 import shutil
 import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from seq2seq_jax.configs import DataConfig
-from seq2seq_jax.data import builders, pipeline, prepared, tokenizer as tokenizer_lib
+from seq2seq_jax.data import builders, packing, pipeline, prepared, tokenizer as tokenizer_lib
 from seq2seq_jax.data.text_files import DataError
-from tests.data.conftest import folder_bytes, kill_a_prepare, partial_folders, write_lines
+from tests.data.conftest import (age_folder, folder_bytes, kill_a_prepare, partial_folders,
+                                 write_lines)
 
 pytestmark = pytest.mark.data  # reads ../shared/data (fails under CI=true when missing)
 
@@ -214,7 +218,70 @@ def test_a_partial_folder_whose_writer_still_writes_stays(ids_config, tiny_token
   finally:
     writer_lock.close()  # the launcher ends without publishing
   prepared.prepare_ids(config, tiny_tokenizer)
+  assert live.is_dir()  # a Beam pipeline's workers may still write: kept while files change
+  age_folder(live)
+  prepared.prepare_ids(config, tiny_tokenizer)
   assert not live.exists() and not partial_folders(tmp_path)
+
+
+def _partial(directory: pathlib.Path, tag: str, *, age_s: float = 0.0) -> pathlib.Path:
+  """An unfinished folder of ``directory`` named for writer ``tag``, a shard begun in it,
+  its writer lock free (as another host's lock looks on a FUSE mount)."""
+  folder = directory.with_name(f"{directory.name}.partial-{tag}")
+  folder.mkdir(parents=True)
+  (folder / "ids-00000.array_record").write_bytes(b"\0" * 64)
+  (folder / "writer.lock").touch()
+  if age_s:
+    age_folder(folder, age_s)
+  return folder
+
+
+def _ended_pid() -> int:
+  child = subprocess.Popen([sys.executable, "-c", "pass"])
+  child.wait()
+  return child.pid
+
+
+def test_a_free_lock_alone_never_removes_a_live_writers_folder(tmp_path, caplog):
+  directory = tmp_path / "ids" / "multi30k" / "de-en" / "train" / "0123456789abcdef"
+  host, quiet = socket.gethostname(), prepared.ABANDONED_AFTER_S
+  other_host = _partial(directory, f"other-{host}-4242-0badcafe")  # writing there right now
+  this_process = _partial(directory, f"{host}-{os.getpid()}-0badcafe")
+  beam_launcher_gone = _partial(directory, f"beam-{host}-{_ended_pid()}-0badcafe")
+  old_but_one_file_new = _partial(directory, f"other-{host}-4243-0badcafe", age_s=quiet + 60)
+  (old_but_one_file_new / "ids-00001.array_record").write_bytes(b"\0")
+  ended = _partial(directory, f"{host}-{_ended_pid()}-0badcafe")
+  other_host_quiet = _partial(directory, f"other-{host}-4244-0badcafe", age_s=quiet + 60)
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.prepared"):
+    removed = prepared.remove_abandoned(directory)
+  assert removed == sorted([ended, other_host_quiet])
+  assert all(folder.is_dir() for folder in (other_host, this_process, beam_launcher_gone,
+                                            old_but_one_file_new))
+  assert f"removed {ended} " in caplog.text and "of this host, has ended" in caplog.text
+  assert (f"removed {other_host_quiet} " in caplog.text
+          and "more than ABANDONED_AFTER_S=3600) and its writer lock is free" in caplog.text)
+
+
+def test_a_writer_touches_its_lock_while_it_writes(tmp_path, monkeypatch):
+  monkeypatch.setattr(prepared, "HEARTBEAT_S", 0.02)
+  directory = tmp_path / "ids" / "0123456789abcdef"
+  directory.parent.mkdir(parents=True)
+  temporary, writer_lock = prepared.start_partial(directory)
+  try:
+    age_folder(temporary)
+    deadline = time.monotonic() + 10
+    while (time.time() - (temporary / "writer.lock").stat().st_mtime > 60
+           and time.monotonic() < deadline):
+      time.sleep(0.02)
+    assert time.time() - (temporary / "writer.lock").stat().st_mtime < 60  # beat since aged
+  finally:
+    writer_lock.close()
+  # Stopped (this process lives on): kept until nothing changed for ABANDONED_AFTER_S.
+  time.sleep(0.1)
+  assert not prepared.remove_abandoned(directory)
+  age_folder(temporary)
+  time.sleep(0.1)  # a beat left running would renew it
+  assert prepared.remove_abandoned(directory) == [temporary]
 
 
 # ------------------------------------------------------------------------------ train_files
@@ -406,16 +473,16 @@ def test_a_damaged_or_foreign_packing_cache_is_packed_again(ids_config, tiny_tok
       pairs, row_starts, digest = cached["pairs"], cached["row_starts"], cached["digest"]
     pairs[1] = pairs[0]
     np.savez(cache, pairs=pairs, row_starts=row_starts, digest=digest)
-  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.packing"):
     again = _one_epoch(config, tiny_tokenizer)
   assert f"packing cache {cache} is" in caplog.text
   assert {"truncated": "unreadable", "corrupt": "unreadable", "foreign": "of other pairs",
           "rows": "damaged"}[damage] in caplog.text
   _assert_same_batches(again, expected)
   # The file was replaced: the next start reads it and packs nothing.
-  monkeypatch.setattr(pipeline, "pack_rows", lambda *a: pytest.fail("packed again"))
+  monkeypatch.setattr(packing, "pack_rows", lambda *a: pytest.fail("packed again"))
   caplog.clear()
-  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.pipeline"):
+  with caplog.at_level(logging.WARNING, logger="seq2seq_jax.data.packing"):
     _assert_same_batches(_one_epoch(config, tiny_tokenizer), expected)
   assert "packing cache" not in caplog.text
   assert sorted(p.name for p in directory.iterdir() if "partial" in p.name) == []

@@ -170,7 +170,17 @@ def test_stdin_to_stdout_keeps_empty_lines_and_names_long_lines(run_dir, capsys,
   assert len(lines) == 5 and lines[1] == "" and lines[4] == ""
   translator = Translator.from_workdir(run_dir)
   assert lines[:4] == translator.translate(["Ein Hund rennt.", "", long, "Zwei Männer sitzen."])
-  assert "<stdin>: line 3 has" in caplog.text and "truncated to the model's limit" in caplog.text
+  # The run trained on sources of 24 tokens; its model takes 48, and so does translate.
+  assert "<stdin>: line 3 has" in caplog.text
+  assert "truncated to 48 (EOS included), the model's max_len" in caplog.text
+  caplog.clear()
+  monkeypatch.setattr(sys, "stdin", io.StringIO(f"{long}\n"))
+  assert cli.main(["translate", "--workdir", str(run_dir), "--progress", "none",
+                   "--max-source-len", "24"]) == 0
+  assert capsys.readouterr().out.splitlines() == Translator.from_workdir(
+      run_dir, max_source_len=24).translate([long])
+  assert ("<stdin>: line 1 has" in caplog.text and "truncated to 24 (EOS included), the "
+          "max_source_len given (--max-source-len; the model takes 48)" in caplog.text)
 
 
 def test_flags_reach_the_file_translation(run_dir, tmp_path, capsys):

@@ -160,8 +160,8 @@ def test_long_lines_are_truncated_with_a_warning_naming_the_line(one_device, tmp
   with caplog.at_level(logging.WARNING, logger="seq2seq_jax"):
     result = translate_file(one_device, path, tmp_path / "long.en", config=SMALL)
   assert result.truncated >= 1
-  assert re.search(rf"long.de: line 4 has \d+ tokens; truncated to the model's limit of "
-                   rf"{SOURCE_LIMIT}", caplog.text)
+  assert re.search(rf"long.de: line 4 has \d+ tokens; truncated to {SOURCE_LIMIT} \(EOS "
+                   rf"included\), the max_source_len given", caplog.text)
   assert _lines(tmp_path / "long.en")[3] == one_device.translate([long])[0]
 
 

@@ -83,6 +83,46 @@ def reference_run(tiny_data, tiny_tokenizer, tmp_path_factory):
   return config, workdir, result
 
 
+def test_a_trained_run_translates_sources_longer_than_its_training_limit(
+    tiny_data, tiny_tokenizer, tmp_path, caplog, monkeypatch):
+  # Trained on sources of at most 16 tokens with a position table of 64: a user's
+  # sentence of 40 pieces must reach the encoder whole (before, translate cut it at 16).
+  data = dataclasses.replace(tiny_data, max_source_len=16, max_target_len=16,
+                             bucket_lengths=(16,))
+  config = tiny_experiment(data, model=tiny_transformer(max_len=64), num_steps=4)
+  train(config, tmp_path, tokenizer=tiny_tokenizer, progress=False)
+  translator = Translator.from_workdir(tmp_path)
+  assert translator.max_source_len == 64 and translator.bucket_lengths == (16, 32, 64)
+  lines = (pathlib.Path(tiny_data.manual_dir) / "val.de").read_text(encoding="utf-8").splitlines()
+  words = " ".join(lines).split()
+  count = next(n for n in range(1, len(words)) if len(
+      tiny_tokenizer.encode_source([" ".join(words[:n])], None)[0]) > 40)
+  sentence = " ".join(words[:count])
+  ids = tiny_tokenizer.encode_source([sentence], None)[0]
+  assert 40 <= len(ids) - 1 < 48  # pieces (EOS not counted): well over 16, under 64
+  placed = []
+  place_batch = translator.place_batch
+
+  def spy(encoded, batch):
+    inputs_BS = place_batch(encoded, batch)
+    placed.append(np.asarray(inputs_BS))
+    return inputs_BS
+  monkeypatch.setattr(translator, "place_batch", spy)
+  caplog.clear()  # training's own notes on its truncated pairs
+  with caplog.at_level("WARNING", logger="seq2seq_jax"):
+    (out,) = translator.translate([sentence], beam_size=1)
+  assert "truncated" not in caplog.text and isinstance(out, str)
+  (inputs_BS,) = placed  # one batch, the sentence whole in its first row
+  assert inputs_BS.shape[1] == 64 and inputs_BS[0, :len(ids)].tolist() == ids
+  assert not inputs_BS[0, len(ids):].any()
+  # A limit the user sets is the one applied, and the warning says so.
+  short = Translator.from_workdir(tmp_path, max_source_len=24)
+  with caplog.at_level("WARNING", logger="seq2seq_jax"):
+    assert len(short.encode([sentence])[0]) == 24
+  assert (f"sentence 0 has {len(ids)} tokens; truncated to 24 (EOS included), the "
+          "max_source_len given (--max-source-len; the model takes 64)") in caplog.text
+
+
 @pytest.mark.parametrize("model", ["deep_shallow", "t5"])
 def test_other_shapes_train_checkpoint_and_translate(model, tiny_data, tiny_tokenizer, tmp_path):
   # A deep-encoder / shallow-decoder Transformer and a T5, through the whole loop: the

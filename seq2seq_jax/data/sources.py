@@ -1,0 +1,198 @@
+"""Where a corpus's text comes from, worked out once: the first stage of the data path.
+
+The data path runs one way, each module importing only those before it: ``sources``
+(this module, on ``text_files`` and the tfds ``builders``) -> ``prepared`` (token ids
+written once) -> ``packing`` -> ``batches`` -> ``iterators`` (``plans`` holds what
+packing's and the bucket plans share).
+
+``resolve(data_config, split)`` works out, once, where a split comes from and gives a
+``SplitSource``: the user's own files (``DataConfig.train_files``, matched into shards,
+for the training split) or the tfds builder of the corpus (``multi30k``,
+``parallel_text``, ``tfds:NAME``), the data dir, and the corpus's name in prepared
+folders. The later stages take that result: ``prepared`` names its folder after it and
+writes the ids from ``chunks()``, ``beam`` spreads its shards or ranges over workers,
+``tokenizer`` trains on it, ``iterators`` read ``pairs()`` (the corpus is prepared
+there, once, when first read). ``load_eval_text`` gives a split's raw sentences (for
+BLEU).
+
+Example:
+  >>> config = DataConfig(manual_dir="../shared/data/multi30k_tiny", vocab_size=500)
+  >>> source = resolve(config, "val")
+  >>> source.reads_files, source.name.startswith("multi30k/de-en_")
+  (False, True)
+  >>> pairs = source.pairs()  # prepares the corpus once
+  Downloading and preparing dataset ...
+  >>> len(pairs), load_eval_text(config).sources[0] == pairs[0][0]
+  (50, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pathlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seq2seq_jax.configs import DataConfig
+from seq2seq_jax.data import text_files
+from seq2seq_jax.data.text_files import DataError
+
+if TYPE_CHECKING:
+  from seq2seq_jax.data.builders import TextPairs
+
+_CHUNK = 4096  # pairs read per chunk
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SplitSource:
+  """One split of a corpus and where its text comes from (``resolve`` works it out).
+
+  Attributes:
+    data_config: the corpus, the languages, ``data_dir`` and ``empty_lines``.
+    split: the split's name.
+    data_dir: ``DataConfig.data_dir`` expanded, or the default
+      (``builders.resolve_data_dir``).
+    shards: ``DataConfig.train_files`` matched, one ``{lang: path}`` per shard
+      (``train_file_shards``), when this is the training split of such a config;
+      None for a tfds split.
+    builder: the corpus's tfds builder (``builders.get_builder``, not prepared yet);
+      None for the user's own files.
+    name: the ``corpus`` part of a prepared folder (``prepared``): the tfds dataset,
+      its config and version, or ``files/`` and 12 hex digits of the files' paths,
+      sizes and modification times.
+  """
+
+  data_config: DataConfig
+  split: str
+  data_dir: str
+  shards: tuple[dict[str, pathlib.Path], ...] | None
+  builder: Any
+  name: str
+
+  @property
+  def reads_files(self) -> bool:
+    """Whether the text is the user's own files (else a tfds split)."""
+    return self.shards is not None
+
+  def pairs(self) -> TextPairs:
+    """The split's pairs of the tfds corpus in file order, preparing the corpus first if
+    needed (``builders.load_split``, with this source's builder)."""
+    from seq2seq_jax.data import builders  # tfds is slow to import
+    # The user's own files have no builder: their tfds corpus, as load_split reads it.
+    builder = self.builder if self.builder is not None else builders.get_builder(
+        self.data_config)
+    return builders.split_pairs(builders.prepare_builder(builder, self.data_config),
+                                self.data_config, self.split)
+
+  def chunks(self, *, chunk: int = _CHUNK, counts: dict[str, int] | None = None
+             ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
+    """The split's pairs in order, ``chunk`` at a time: ``(lines_C, sources, targets)``.
+
+    A pair with an empty (or blank) side is refused (``DataError`` naming the file and
+    line, or the split and pair) or, with ``DataConfig.empty_lines="drop"``, left out
+    and counted in ``counts["empty_dropped"]``; ``counts["lines"]`` is the number of
+    pairs read. ``lines_C`` are the 0-based lines (in the whole split) of the pairs kept.
+    """
+    counts = {} if counts is None else counts
+    counts.setdefault("lines", 0)
+    counts.setdefault("empty_dropped", 0)
+    data_config = self.data_config
+    drop = data_config.empty_lines == "drop"
+    if self.shards is not None:
+      langs = (data_config.source_lang, data_config.target_lang)
+      for shard in self.shards:
+        yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
+                                             counts=counts)
+      return
+    pairs = self.pairs()
+    yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop,
+                                 counts=counts)
+
+
+def resolve(data_config: DataConfig, split: str | None = None) -> SplitSource:
+  """Where ``split`` (default: the training split) of ``data_config``'s corpus comes from.
+
+  The user's files (``DataConfig.train_files``) are matched, or the tfds builder is
+  made (not prepared: ``SplitSource.pairs`` prepares the corpus when it is read).
+
+  Raises:
+    DataError: ``train_files`` matches nothing, or a shard has no partner (both named);
+      ``DataConfig.manual_dir`` or ``dataset`` name no usable corpus.
+  """
+  from seq2seq_jax.data import builders  # tfds is slow to import
+  split = split or data_config.train_split
+  data_dir = builders.resolve_data_dir(data_config)
+  if data_config.train_files and split == data_config.train_split:
+    shards = tuple(train_file_shards(data_config))
+    listing = []
+    for shard in shards:
+      for lang, path in sorted(shard.items()):
+        stat = path.stat()
+        listing.append(f"{lang} {path.resolve()} {stat.st_size} {stat.st_mtime_ns}")
+    name = "files/" + hashlib.sha256("\n".join(listing).encode()).hexdigest()[:12]
+    return SplitSource(data_config=data_config, split=split, data_dir=data_dir, shards=shards,
+                       builder=None, name=name)
+  builder = builders.get_builder(data_config)
+  config_name = builder.builder_config.name if builder.builder_config else "default"
+  return SplitSource(data_config=data_config, split=split, data_dir=data_dir, shards=None,
+                     builder=builder, name=f"{builder.name}/{config_name}/{builder.version}")
+
+
+def train_file_shards(data_config: DataConfig) -> list[dict[str, pathlib.Path]]:
+  """``DataConfig.train_files`` matched: one ``{lang: path}`` per shard, sorted by name.
+
+  Raises:
+    DataError: nothing matches, or a shard of one language has no partner in the
+      other (both paths named).
+  """
+  return text_files.glob_aligned(data_config.train_files,
+                                 (data_config.source_lang, data_config.target_lang))
+
+
+def pair_range_chunks(pairs: Any, start: int, stop: int, *, chunk: int = _CHUNK,
+                      drop_empty: bool = False, counts: dict[str, int] | None = None
+                      ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
+  """Pairs ``start`` to ``stop`` of a tfds split (``builders.TextPairs``), ``chunk`` at a time.
+
+  The tfds half of ``SplitSource.chunks``; the Beam pipeline reads one range per element.
+
+  Yields:
+    ``(lines_C, sources, targets)``: the 0-based indices in the split of the pairs kept.
+
+  Raises:
+    DataError: a pair with an empty side, unless ``drop_empty`` (then counted in
+      ``counts["empty_dropped"]``); ``counts["lines"]`` grows by the pairs read.
+  """
+  counts = {} if counts is None else counts
+  counts.setdefault("lines", 0)
+  counts.setdefault("empty_dropped", 0)
+  for first in range(start, stop, chunk):
+    batch = pairs.__getitems__(list(range(first, min(first + chunk, stop))))
+    keep = [i for i, (s, t) in enumerate(batch) if s.strip() and t.strip()]
+    counts["lines"] += len(batch)
+    if len(keep) < len(batch):
+      if not drop_empty:
+        bad = min(set(range(len(batch))) - set(keep))
+        raise DataError(f"{pairs}: pair {first + bad} (0-based) has an empty side; set "
+                        "DataConfig.empty_lines='drop' to leave such pairs out (they are counted)")
+      counts["empty_dropped"] += len(batch) - len(keep)
+    yield (np.asarray(keep, np.int64) + first, [batch[i][0] for i in keep],
+           [batch[i][1] for i in keep])
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalText:
+  """Raw sentences of an evaluation split in file order (what BLEU compares against)."""
+
+  sources: list[str]
+  references: list[str]
+
+
+def load_eval_text(data_config: DataConfig, split: str | None = None) -> EvalText:
+  """Source sentences and references of a split, in file order, untokenized."""
+  pairs = resolve(data_config, split or data_config.eval_split).pairs()
+  texts = pairs.__getitems__(list(range(len(pairs))))
+  return EvalText(sources=[s for s, _ in texts], references=[t for _, t in texts])
