@@ -7,7 +7,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES ?= 0
 
-.PHONY: setup train test test-beam test-cuda test-latest test-fast typecheck docs bench bench-quick clean
+.PHONY: setup train test test-beam test-cuda test-fast typecheck docs bench bench-quick clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -107,6 +107,7 @@ LATEST_TESTS ?= tests/test_compilation_cache.py tests/layers/test_attention.py \
     tests/aot/test_aot.py::test_fsdp_holds_a_quarter_of_the_arguments_and_gathers_a_layer_at_a_time \
     tests/aot/test_aot.py::test_the_command_line_refuses_an_unknown_target \
     tests/inference/test_exported.py::test_train_step_lowers_for_tpu_and_cuda_with_its_mesh_shardings
+.PHONY: test-latest
 test-latest: $(LATEST_STAMP)
 	@$(LATEST_PY) -c 'import sys; print("test-latest: Python", sys.version.split()[0])'
 	@$(LATEST_PY) -m pip list --format=freeze 2>/dev/null | grep -iE \
