@@ -56,13 +56,65 @@ $(CUDA_STAMP): constraints.txt
 	touch $(CUDA_STAMP)
 
 # The type check and the docs build come first: each takes seconds and fails the run.
-test: $(STAMP) typecheck docs test-beam test-cuda
+test: $(STAMP) typecheck docs test-beam test-cuda test-latest
 	$(PY) -m pytest -n 2 --durations=15 tests
 
 test-cuda: $(STAMP) $(CUDA_STAMP)
 	PYTHONPATH=$(CURDIR)/$(CUDA_DIR) JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/aot/test_fused_kernels.py \
 	    tests/aot/test_programs_in_order.py tests/aot/test_aot.py -k "h100 or cuda"
+
+# The newest releases, as a new user's `pip install seq2seq-jax` gets them: Python 3.12 (jax
+# 0.11 dropped 3.11; Colab runs 3.12) and no constraints, so each new venv takes what the
+# registry serves that day, and prints it. Remove $(LATEST_VENV) for newer releases.
+# Torch stays out (on 3.12 the registry has only its multi-GB CUDA build): the pretrained
+# oracle tests are the pinned suite's. Python 3.12: PYTHON312, else python3.12, else pyenv's.
+# --no-compile: imports compile what they use (install 25 CPU-s instead of 59; the tests
+# then take 4 CPU-s more).
+LATEST_VENV ?= .venv-latest
+LATEST_PY := $(LATEST_VENV)/bin/python
+LATEST_STAMP := $(LATEST_VENV)/.installed
+PYTHON312 ?= python3.12
+LATEST_PACKAGES := "jax[tpu]" flax optax orbax-checkpoint grain tensorflow-datasets \
+    pytest pytest-xdist mypy filelock
+$(LATEST_STAMP): pyproject.toml
+	@py=$(PYTHON312); \
+	if ! $$py -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then \
+	  py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python 2>/dev/null | \
+	        sort -V | tail -1); \
+	  if [ -z "$$py" ]; then \
+	    echo "test-latest needs Python 3.12: install it (pyenv install 3.12, apt, python.org)" \
+	         "and put python3.12 on PATH, or run make with PYTHON312=/path/to/python3.12" >&2; \
+	    exit 1; \
+	  fi; \
+	fi; \
+	echo "$$py -m venv $(LATEST_VENV)"; $$py -m venv $(LATEST_VENV)
+	$(LATEST_PY) -m pip install -q --upgrade pip
+	$(LATEST_PY) -m pip install -q --no-compile --upgrade -e . $(LATEST_PACKAGES)
+	touch $(LATEST_STAMP)
+
+# mypy, then about 2 CPU-minutes of tests that reach every package but pretrained: layers,
+# models, decoding, training with a checkpoint, data (grain, tfds), aot (libtpu) and cli,
+# inference (jax.export for tpu and cuda).
+LATEST_TESTS ?= tests/test_compilation_cache.py tests/layers/test_attention.py \
+    tests/models/test_transformer.py::test_later_targets_do_not_change_earlier_logits \
+    tests/decoding/test_greedy.py tests/decoding/test_beam.py::test_beam_beats_greedy \
+    tests/decoding/test_beam.py::test_one_beam_without_length_penalty_is_greedy \
+    tests/training/test_step.py::test_eval_step_sums_tokens_and_uses_no_dropout \
+    tests/test_checkpoints.py::test_restore_state_iterator_and_params_alone \
+    tests/data/test_data_pipeline.py tests/data/test_data_tokenizer.py \
+    tests/data/test_data_builders.py::test_tfds_name_feeds_the_tokenizer_and_the_pipeline \
+    tests/aot/test_aot.py::test_fsdp_holds_a_quarter_of_the_arguments_and_gathers_a_layer_at_a_time \
+    tests/aot/test_aot.py::test_the_command_line_refuses_an_unknown_target \
+    tests/inference/test_exported.py::test_train_step_lowers_for_tpu_and_cuda_with_its_mesh_shardings
+.PHONY: test-latest
+test-latest: $(LATEST_STAMP)
+	@$(LATEST_PY) -c 'import sys; print("test-latest: Python", sys.version.split()[0])'
+	@$(LATEST_PY) -m pip list --format=freeze 2>/dev/null | grep -iE \
+	    '^(jax|jaxlib|libtpu|flax|optax|orbax-checkpoint|grain|tensorflow-datasets|numpy|chex|ml.dtypes|mypy)=='
+	$(LATEST_PY) -m mypy --cache-dir .cache/mypy-latest
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax-latest $(LATEST_PY) -m pytest -n 2 \
+	    -p no:cacheprovider --durations=10 $(LATEST_TESTS)
 
 test-beam: $(BEAM_STAMP)
 	SEQ2SEQ_JAX_BEAM_TESTS=1 $(BEAM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
@@ -97,4 +149,4 @@ bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do SEQ2SEQ_JAX_QUICK=1 $(PY) benchmarks/$$s.py --out /tmp/seq2seq_jax_bench_$$s.json || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(BEAM_VENV) $(CUDA_DIR) .cache .pytest_cache .mypy_cache docs/_build
+	rm -rf $(VENV) $(BEAM_VENV) $(LATEST_VENV) $(CUDA_DIR) .cache .pytest_cache .mypy_cache docs/_build

@@ -336,7 +336,7 @@ class MultiHeadAttention(nn.Module):
         # init only creates parameters: the einsums, whatever platform it is traced for
         implementation=None if self.is_initializing() else self.implementation,
         scale=None if self.scale_queries else 1.0)
-    if return_weights:
+    if isinstance(result, tuple):  # return_weights
       out_BTHK, weights_BHTS = result
     else:
       out_BTHK, weights_BHTS = result, None

@@ -324,15 +324,21 @@ def test_hbm_traffic_counts_the_rows_a_gather_or_a_slice_takes_and_the_update_wr
   assert layer <= report.hbm_traffic_per_chip <= 1.5 * layer, report.hbm_traffic_per_chip
 
 
-def test_fsdp_holds_a_quarter_of_the_arguments_and_no_more_temporaries():
+def test_fsdp_holds_a_quarter_of_the_arguments_and_gathers_a_layer_at_a_time():
   replicated = aot.compile_report(_sizes(), "v5e:2x2", "train", rows=64, length=32)
   fsdp = aot.compile_report(_sizes(**{"train.parameter_sharding": "fsdp"}), "v5e:2x2", "train",
                             rows=64, length=32)
   ratio = fsdp.per_chip_bytes["arguments"] / replicated.per_chip_bytes["arguments"]
   assert 0.25 <= ratio < 0.27, ratio  # 1/4, plus the LayerNorm and bias vectors kept whole
-  # The gathered weights of a layer are temporaries (here +6 %; WMT base: +1.3 %); before
-  # the batch was marked, the compiler replicated it instead: 4x the temporaries.
-  assert fsdp.per_chip_bytes["temporaries"] <= 1.1 * replicated.per_chip_bytes["temporaries"]
+  # FSDP gathers the weights a layer at a time, as temporaries, never all at once: what it
+  # adds to the temporaries stays under one decoder layer's weights (float32 self and cross
+  # attention and MLP: 3.1 MB; all the weights, 6.3 MB). Measured: +0.52 MB (+6 %) with
+  # libtpu 0.0.42.1, +1.10 MB (+11.7 %) with 0.0.50.1. Before the batch was marked, the
+  # compiler replicated it instead: 4x the temporaries.
+  model = _sizes().model
+  decoder_layer_bytes = 4 * (2 * 4 * model.model_dim**2 + 2 * model.model_dim * model.mlp_dim)
+  added = fsdp.per_chip_bytes["temporaries"] - replicated.per_chip_bytes["temporaries"]
+  assert added < decoder_layer_bytes, (added, decoder_layer_bytes)
   assert fsdp.per_chip_bytes["total"] < 0.7 * replicated.per_chip_bytes["total"]
   assert fsdp.flops_per_chip == pytest.approx(replicated.flops_per_chip, rel=0.05)
 

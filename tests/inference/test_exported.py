@@ -141,8 +141,10 @@ def test_cli_export_of_a_run_equals_its_translator(run_dir, sentences, tmp_path)
 # ---- the training step --------------------------------------------------------------------
 
 
-def _sharded(shardings) -> list[str]:
-  return [str(s) for s in shardings if s is not None and "devices=" in str(s)]
+def _split(shardings, avals) -> list[str]:
+  """The arguments or results whose sharding splits them over devices."""
+  return [f"{s} {a.shape}" for s, a in zip(shardings, avals, strict=True)
+          if s is not None and s.shard_shape(a.shape) != a.shape]
 
 
 @pytest.mark.parametrize("model_config, train_config, mesh_shape", [
@@ -163,12 +165,15 @@ def test_train_step_lowers_for_tpu_and_cuda_with_its_mesh_shardings(model_config
                                target_len=5, platforms=("tpu", "cuda"), mesh=mesh)
   assert exported.platforms == ("tpu", "cuda") and exported.nr_devices == 8
   exported = jax.export.deserialize(exported.serialize())  # it survives serialization
-  # batch rows over the data axis; parameters and Adam moments split (FSDP / tensor parallel)
-  batch_shardings = [str(s) for s in exported.in_shardings_hlo[-3:-1]]
-  assert all(f"devices=[{mesh_shape[0]},1" in s for s in batch_shardings), batch_shardings
-  state_shardings = exported.in_shardings_hlo[:-3]
-  assert len(_sharded(state_shardings)) >= 3, [str(s) for s in state_shardings]
-  assert len(_sharded(exported.out_shardings_hlo)) >= 3
+  # batch rows over the data axis; parameters and Adam moments split (FSDP / tensor parallel).
+  # The shardings as jax's (in_shardings_hlo is left unset from jax 0.12 on).
+  in_shardings = exported.in_shardings_jax(mesh)
+  batch = list(zip(in_shardings, exported.in_avals))[-3:-1]
+  assert all(s.shard_shape(a.shape) == (a.shape[0] // mesh_shape[0], *a.shape[1:])
+             for s, a in batch), batch
+  state = _split(in_shardings[:-3], exported.in_avals[:-3])
+  assert len(state) >= 3, state
+  assert len(_split(exported.out_shardings_jax(mesh), exported.out_avals)) >= 3
 
 
 def test_cpu_export_of_the_train_step_is_the_train_step():
