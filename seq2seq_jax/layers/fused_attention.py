@@ -199,8 +199,10 @@ def jax_attention(q_BTHK: Array, k_BSHK: Array, v_BSHK: Array, mask: AttentionMa
   if mask is not None and mask.packed:
     if implementation == "cudnn":
       say_once(PACKED_CUDNN)
-    dense = mask.dense(batch=q_BTHK.shape[0], queries=q_BTHK.shape[1], causal=False)
-    dense = jnp.broadcast_to(dense, (dense.shape[0], 1, q_BTHK.shape[1], k_BSHK.shape[1]))
+    segments = mask.dense(batch=q_BTHK.shape[0], queries=q_BTHK.shape[1], causal=False)
+    assert segments is not None  # packed rows always give a mask
+    dense = jnp.broadcast_to(segments, (segments.shape[0], 1, q_BTHK.shape[1],
+                                        k_BSHK.shape[1]))
   elif mask is not None and mask.key_valid is not None:
     # A row with no valid key still reads key 0, so that no kernel divides by an empty
     # sum; its output is replaced by the einsums' (``fused_attention``).
