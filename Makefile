@@ -55,9 +55,17 @@ $(CUDA_STAMP): constraints.txt
 	    jax-cuda12-plugin jax-cuda12-pjrt nvidia-cudnn-cu12
 	touch $(CUDA_STAMP)
 
-# The type check and the docs build come first: each takes seconds and fails the run.
-test: $(STAMP) typecheck docs test-beam test-cuda test-latest
-	$(PY) -m pytest -n 2 --durations=15 tests
+# The whole suite: the pinned environment's tests (two xdist workers) beside the checks that
+# run in one process each (mypy, the docs build, the Beam, CUDA-compile and newest-jax
+# environments), two make jobs at a time, so that the single-process checks and the other
+# environments' installs overlap the long run instead of leaving a core idle before it.
+# Each target's output is printed whole when it ends; any failure fails the run.
+test:
+	$(MAKE) -j2 --output-sync=target test-pinned typecheck docs test-beam test-cuda test-latest
+
+.PHONY: test-pinned
+test-pinned: $(STAMP)
+	$(PY) -m pytest -n 2 --durations=40 tests
 
 test-cuda: $(STAMP) $(CUDA_STAMP)
 	PYTHONPATH=$(CURDIR)/$(CUDA_DIR) JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \
