@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from seq2seq_jax.configs import DecodeConfig
+from seq2seq_jax import quantization
 from seq2seq_jax import text_controls
 from seq2seq_jax.decoding import check_controls, length_penalty, search_fn
 from seq2seq_jax.layers.partitioning import activation_sharding
@@ -176,17 +177,23 @@ class Translator:
     batch_size: most rows decoded at once by ``translate`` and ``score``.
     mesh: a ``("data", "model")`` mesh (``seq2seq_jax.make_mesh()``: every device of
       every host); default: the first device alone.
+    quantize: ``"int8"`` decodes with int8 weights and int8 products
+      (``seq2seq_jax.quantization``: Transformer and T5 models, so every pretrained
+      family); ``"none"`` (default) as given. ``model`` and ``params`` are then the
+      quantized ones.
   """
 
   def __init__(self, model: nn.Module, params: PyTree, tokenizer: Any, *,
                decode_config: DecodeConfig = DecodeConfig(), max_source_len: int = 128,
                bucket_lengths: Sequence[int] = (16, 32, 64), batch_size: int = 64,
-               mesh: Mesh | None = None):
+               mesh: Mesh | None = None, quantize: str = "none"):
     model_max = getattr(getattr(model, "config", None), "max_len", max_source_len)
     if max_source_len > model_max:
       raise ValueError(f"max_source_len={max_source_len} exceeds the model's max_len={model_max}")
     if batch_size <= 0:
       raise ValueError(f"batch_size={batch_size} must be positive")
+    self.quantize = quantization.check_mode(quantize)
+    model, params = quantization.quantize(model, params, quantize)
     self.model = model
     self.tokenizer = tokenizer
     self.decode_config = decode_config
@@ -207,14 +214,17 @@ class Translator:
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, *, step: int | str | None = None,
-                   **kwargs) -> "Translator":
+                   dtype: str | None = None, **kwargs) -> "Translator":
     """Loads the model, parameters, tokenizer and settings a training run saved.
 
     Args:
       workdir: the training run's directory (holding ``checkpoints/``).
       step: ``"best"`` (highest validation BLEU), ``"latest"`` or a step number;
         default: the best when a checkpoint has a validation BLEU, else the latest.
-      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``).
+      dtype: the compute dtype to decode in, "float32" or "bfloat16" (parameters stay
+        float32); default: the run's.
+      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``,
+        ``quantize="int8"``).
 
     Raises:
       CheckpointError: ``workdir`` holds no checkpoint (the message says where it looked).
@@ -241,6 +251,8 @@ class Translator:
                    bucket_lengths=config.data.bucket_lengths,
                    batch_size=config.data.eval_batch_size)
     options.update(kwargs)
+    if dtype is not None:  # inference in another compute dtype than the run trained in
+      config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
     translator = cls(build_model(config.model), params, tokenizer, **options)
     translator.config, translator.step = config, step
     return translator
@@ -257,7 +269,8 @@ class Translator:
     Args:
       path: a ``save_pretrained`` directory (see ``seq2seq_jax.pretrained.load``).
       dtype: compute dtype, "float32" or "bfloat16".
-      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``).
+      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``,
+        ``quantize="int8"``; then ``pretrained.params`` is None: only the int8 copy is kept).
     """
     from seq2seq_jax import pretrained  # pylint: disable=import-outside-toplevel
     checkpoint = pretrained.load(path, dtype=dtype)
@@ -266,6 +279,8 @@ class Translator:
                    bucket_lengths=(16, 32, 64, 128), batch_size=32)
     options.update(kwargs)
     translator = cls(checkpoint.model, checkpoint.params, checkpoint.tokenizer, **options)
+    if translator.quantize != "none":  # the float parameters would stay in memory beside
+      checkpoint = dataclasses.replace(checkpoint, params=None)
     translator.pretrained = checkpoint
     return translator
 
@@ -303,6 +318,9 @@ class Translator:
                      **options)
     translator.config, translator.step = first.config, first.step
     translator.pretrained = first.pretrained
+    quantized = {t.quantize for t in translators} - {"none"}
+    if quantized:  # members quantized one by one: say so for the whole
+      translator.quantize = quantized.pop()
     return translator
 
   # ---- settings ------------------------------------------------------------------------------
