@@ -115,31 +115,70 @@ def _provider(qwix: Any) -> Any:
   return Int8Provider([rule])
 
 
-def _quantize_leaf(qwix: Any, value: Any, channel_axis: int) -> Any:
+def _table_how(channel_axis: int) -> Any:
   from qwix._src.core import qarray  # pylint: disable=import-outside-toplevel
+
+  return qarray.HowToQuantize(qtype=jnp.int8, channelwise_axes=(channel_axis,),
+                              calibration_method=CALIBRATION)
+
+
+def _with_tables(params: Any) -> Any:
+  """An abstract parameter tree (``eval_shape``) whose token tables (per row) and untied
+  output projections (per column) are marked for int8, as qwix marks the Dense kernels."""
+  import qwix  # pylint: disable=import-outside-toplevel
   from qwix._src.providers import ptq  # pylint: disable=import-outside-toplevel
 
-  how = qarray.HowToQuantize(qtype=jnp.int8, channelwise_axes=(channel_axis,),
-                             calibration_method=CALIBRATION)
-  return ptq.WithAux(qwix.quantize(jnp.asarray(value, jnp.float32), jnp.int8,
-                                   channelwise_axes=(channel_axis,),
-                                   calibration_method=CALIBRATION), how)
+  def mark(value: Any, channel_axis: int) -> Any:
+    shape = jax.ShapeDtypeStruct(value.shape, jnp.float32)
+    return ptq.WithAux(jax.eval_shape(lambda x: qwix.quantize(
+        x, jnp.int8, channelwise_axes=(channel_axis,), calibration_method=CALIBRATION),
+        shape), _table_how(channel_axis))
 
-
-def _quantize_tables(qwix: Any, tree: Any) -> Any:
-  """Token tables (per row) and untied output projections (per column), wherever they are."""
-  if not isinstance(tree, dict):
-    return tree
+  if not isinstance(params, dict):
+    return params
   out = {}
-  for name, value in tree.items():
-    if name == _TABLE and not isinstance(value, dict) and getattr(value, "ndim", 0) == 2:
-      out[name] = _quantize_leaf(qwix, value, 0)
+  for name, value in params.items():
+    if name == _TABLE and not isinstance(value, dict) and len(value.shape) == 2:
+      out[name] = mark(value, 0)
     elif name == _OUTPUT_PROJECTION[0] and isinstance(value, dict):
-      out[name] = {key: (_quantize_leaf(qwix, leaf, 1) if key == _OUTPUT_PROJECTION[1] else leaf)
+      out[name] = {key: mark(leaf, 1) if key == _OUTPUT_PROJECTION[1] else leaf
                    for key, leaf in value.items()}
     else:
-      out[name] = _quantize_tables(qwix, value)
+      out[name] = _with_tables(value)
   return out
+
+
+def quantized_model(model: nn.Module, mode: str = "int8") -> nn.Module:
+  """``model`` as ``quantize`` returns it, without parameters (see ``abstract_params``)."""
+  if check_mode(mode, what="mode") == "none":
+    return model
+  _check_model(model)
+  from seq2seq_jax.models.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
+
+  if isinstance(model, Ensemble):  # member by member: init would share a repeated member
+    return model.clone(models=tuple(quantized_model(m, mode) for m in model.models))
+  import qwix  # pylint: disable=import-outside-toplevel
+
+  return qwix.quantize_model(model, _provider(qwix), methods=_METHODS)
+
+
+def abstract_params(model: nn.Module) -> PyTree:
+  """The shapes and dtypes (``jax.ShapeDtypeStruct``) of a ``quantized_model``'s parameters.
+
+  What ``quantize`` fills in, and what the TPU compiler is given (``seq2seq_jax.aot``):
+  init runs every Dense layer once under qwix's provider, which says how each kernel
+  is quantized (its output channels); the token tables and the output projection are
+  marked here. Nothing is computed.
+  """
+  from seq2seq_jax.models.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
+
+  if isinstance(model, Ensemble):
+    return {f"models_{i}": abstract_params(m) for i, m in enumerate(model.models)}
+  if not hasattr(type(model), "_unquantized_type"):
+    raise ValueError(f"abstract_params needs a quantized model (quantized_model); got a float "
+                     f"{type(model).__name__}")
+  ids = jnp.zeros((1, 1), jnp.int32)
+  return _with_tables(jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids))["params"])
 
 
 def quantize(model: nn.Module, params: PyTree, mode: str = "int8") -> tuple[nn.Module, PyTree]:
@@ -151,34 +190,22 @@ def quantize(model: nn.Module, params: PyTree, mode: str = "int8") -> tuple[nn.M
     mode: ``"int8"`` or ``"none"``.
 
   Returns:
-    A copy of the model whose methods run under qwix's interception, and the parameters
-    with int8 weights (qwix's ``WithAux(QArray)`` leaves: ``.array.qvalue`` int8,
-    ``.array.scale`` float32); both go wherever the float ones went.
+    A copy of the model whose methods run under qwix's interception
+    (``quantized_model``), and the parameters with int8 weights (qwix's
+    ``WithAux(QArray)`` leaves: ``.array.qvalue`` int8, ``.array.scale`` float32);
+    both go wherever the float ones went.
 
   Raises:
     ValueError: an unknown mode, a model that cannot be quantized (named), or one that
       is quantized already.
   """
-  if check_mode(mode, what="mode") == "none":
+  int8_model = quantized_model(model, mode)
+  if int8_model is model:
     return model, params
-  _check_model(model)
-  from seq2seq_jax.models.ensemble import Ensemble  # pylint: disable=import-outside-toplevel
-
-  if isinstance(model, Ensemble):  # member by member: init would share a repeated member
-    members = [quantize(member, params[f"models_{i}"], mode)
-               for i, member in enumerate(model.models)]
-    return (model.clone(models=tuple(m for m, _ in members)),
-            {f"models_{i}": p for i, (_, p) in enumerate(members)})
   import qwix  # pylint: disable=import-outside-toplevel
 
-  quantized_model = qwix.quantize_model(model, _provider(qwix), methods=_METHODS)
-  ids = jnp.zeros((1, 1), jnp.int32)
-  # init runs every Dense layer once under the provider: it says how each kernel is
-  # quantized (its output channels), without computing anything.
-  abstract = jax.eval_shape(lambda: quantized_model.init(jax.random.key(0), ids, ids))["params"]
   as_arrays = jax.tree.map(jnp.asarray, nn.unbox(params))
-  dense = qwix.quantize_params(as_arrays, abstract)
-  return quantized_model, _quantize_tables(qwix, dense)
+  return int8_model, qwix.quantize_params(as_arrays, abstract_params(int8_model))
 
 
 def is_quantized(params: PyTree) -> bool:

@@ -145,6 +145,11 @@ def vocab_logits(x_BTD: Array, weight: Array, *, weight_axes: str = "VD",
   operands = (x_BTD, weight) + (() if bias is None else (bias,))
   if rows > TRANSPOSED_LOGITS_MAX_ROWS:
     return row_major(*operands)
+  if rows == 1 and weight.dtype != jnp.float32:  # bfloat16: XLA's CPU dot's slow single row
+    one_row = lambda x_BTD, *rest: platforms.as_two_rows(
+        lambda x_2D, *rest: row_major(x_2D, *rest))(x_BTD.reshape(1, -1), *rest).reshape(
+            x_BTD.shape[:-1] + (-1,))
+    return platforms.on_cpu(one_row, row_major, *operands)
   return platforms.on_cpu(vocab_major, row_major, *operands)
 
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from seq2seq_jax import platforms
 from seq2seq_jax.types import Array
 
 
@@ -64,8 +65,15 @@ def _matmul(x_ND: Array, w_qvalue: Array, w_scale_1M: Array, *, weight_contracts
   """Float32 ``x [N, D]`` times a dequantized ``[D, M]`` weight (``weight_contracts=0``)
   or ``[M, D]`` one (``1``), computed in int8 -> int32."""
   x_int8_ND, x_scale_N1 = _int8_rows(x_ND)
-  acc_NM = jax.lax.dot_general(x_int8_ND, w_qvalue, (((1,), (weight_contracts,)), ((), ())),
-                               preferred_element_type=jnp.int32)
+  dims = (((1,), (weight_contracts,)), ((), ()))
+
+  def product(x_int8_ND, w_qvalue):
+    return jax.lax.dot_general(x_int8_ND, w_qvalue, dims, preferred_element_type=jnp.int32)
+
+  if x_ND.shape[0] == 1:  # a decoding step of one sentence (platforms.pad_single_rows)
+    acc_NM = platforms.on_cpu(platforms.as_two_rows(product), product, x_int8_ND, w_qvalue)
+  else:
+    acc_NM = product(x_int8_ND, w_qvalue)
   return acc_NM.astype(jnp.float32) * x_scale_N1 * w_scale_1M
 
 
