@@ -252,3 +252,14 @@ def test_attention_kernels_quick(tmp_path):
   assert records["einsum"]["kernel_flops"] is None and not records["einsum"]["kernels"]
   assert records["auto"]["kernel_flops"] > 0 and "splash" in records["auto"]["kernels"]
   assert records["auto"]["cyc_ms"] > 0 and records["einsum"]["cyc_ms"] > 0
+
+
+@pytest.mark.slow
+def test_cpu_flags_quick(tmp_path):
+  payload = _run("cpu_flags", tmp_path)
+  rows = {(r["system"], r["task"]): r for r in payload["rows"]}
+  for flags in ("default", "onednn"):
+    for task in ("float32 batch 32", "int8 batch 32", "bfloat16 batch 1", "int8 batch 1"):
+      assert rows[flags, task]["tokens/s"] > 0
+  assert all(rows["default", task]["x default"] == 1.0 for _, task in rows)
+  assert payload["instruction_set"] and payload["load_before"]
