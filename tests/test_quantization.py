@@ -48,10 +48,20 @@ def _init(config, seed=0):
                                           for p, k in zip(leaves, keys)])
 
 
+_PROGRAMS: dict = {}
+
+
+def _logits(model, params):
+  """Teacher-forced logits of INPUTS -> TARGETS, one jitted program per model."""
+  if model not in _PROGRAMS:
+    _PROGRAMS[model] = jax.jit(lambda p: model.apply({"params": p}, INPUTS, TARGETS))
+  return _PROGRAMS[model](params)
+
+
 def _relative_error(model, params, int8_model, int8_params):
   """RMS logit error over the RMS of the float logits' deviation, on valid target positions."""
-  ref = np.asarray(model.apply({"params": params}, INPUTS, TARGETS))
-  out = np.asarray(int8_model.apply({"params": int8_params}, INPUTS, TARGETS))
+  ref = np.asarray(_logits(model, params))
+  out = np.asarray(_logits(int8_model, int8_params))
   valid = np.asarray(TARGETS != model.config.pad_id)
   centred = ref - ref.mean(-1, keepdims=True)
   return np.sqrt(np.mean((out - ref)[valid] ** 2)) / np.sqrt(np.mean(centred[valid] ** 2))
@@ -107,8 +117,8 @@ def test_cached_int8_steps_match_the_teacher_forced_int8_decode(name):
   model, params = _init(VARIANTS[name])
   int8_model, int8_params = quantization.quantize(model, params, "int8")
   variables = {"params": int8_params}
-  full_BTV = int8_model.apply(variables, INPUTS, TARGETS)
-  memory = int8_model.apply(variables, INPUTS, method="encode")
+  full_BTV = _logits(int8_model, int8_params)
+  memory = jax.jit(lambda v: int8_model.apply(v, INPUTS, method="encode"))(variables)
   cache = int8_model.apply(variables, memory, 10, method="init_cache")
   step = jax.jit(lambda m, tok, c: int8_model.apply(variables, m, tok, c, method="decode_step"))
   tokens_B = jnp.full((2,), model.config.decoder_start_id, jnp.int32)
@@ -140,10 +150,11 @@ def test_bfloat16_compute_with_int8_keeps_bfloat16_activations():
   config = dataclasses.replace(VARIANTS["t5_gated_untied"], dtype="bfloat16")
   model, params = _init(config)
   int8_model, int8_params = quantization.quantize(model, params, "int8")
-  memory = int8_model.apply({"params": int8_params}, INPUTS, method="encode")
+  memory = jax.eval_shape(lambda p: int8_model.apply({"params": p}, INPUTS, method="encode"),
+                          int8_params)
   assert memory["encoded"].dtype == jnp.bfloat16
   assert all(k.dtype == jnp.bfloat16 for k in memory["cross_key"])
-  logits = int8_model.apply({"params": int8_params}, INPUTS, TARGETS)
+  logits = _logits(int8_model, int8_params)
   assert logits.dtype == jnp.float32
   float_model, float_params = _init(VARIANTS["t5_gated_untied"])
   assert _relative_error(float_model, float_params, int8_model, int8_params) < 0.05

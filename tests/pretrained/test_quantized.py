@@ -63,10 +63,15 @@ def _padded(rows, pad_id):
   return np.array([row + [pad_id] * (width - len(row)) for row in rows], np.int32)
 
 
+_PROGRAMS: dict = {}  # model -> its jitted teacher-forced logits (the 16-step weights reuse it)
+
+
 def _forced(model, params, inputs, targets, pad_id, prefix):
   """Logits ``[B, T, V]``, the positions scored, and each pair's summed target log p."""
-  logits = np.asarray(jax.jit(lambda p, i, t: model.apply({"params": p}, i, t))(
-      params, jnp.asarray(inputs), jnp.asarray(targets)), np.float64)
+  if model not in _PROGRAMS:
+    _PROGRAMS[model] = jax.jit(lambda p, i, t: model.apply({"params": p}, i, t))
+  logits = np.asarray(_PROGRAMS[model](params, jnp.asarray(inputs), jnp.asarray(targets)),
+                      np.float64)
   shifted = logits - logits.max(-1, keepdims=True)
   logprobs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
   picked = np.take_along_axis(logprobs, targets[..., None], -1)[..., 0]
