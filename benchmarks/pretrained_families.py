@@ -163,8 +163,6 @@ def _finite_check_cost(name: str, directory: pathlib.Path, s: dict) -> dict:
 
 
 def main() -> None:
-  import numpy as np  # noqa: PLC0415
-
   from seq2seq_jax import benchmarking  # noqa: PLC0415
   from seq2seq_jax import benchmark_runtimes as runtimes  # noqa: PLC0415
   from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
@@ -197,19 +195,14 @@ def main() -> None:
       if args.loads_only:
         continue
       checks.append(_finite_check_cost(name, directory, s))
-      loaded = runtimes.load_runtimes(directory, tmp / f"{name}-ct2", ctranslate2=ctranslate2,
-                                      transformers=transformers, threads=threads,
-                                      compute_types=runtimes.CT2_INT8_TYPES,
-                                      variants=tuple(runtimes.VARIANTS))
-      rng = np.random.default_rng(0)
-      for batch, count in s["sentences"].items():
-        sources = runtimes.random_sources(loaded, rng, count=count, lengths=s["source_len"])
-        model_rows, agreement_rows = runtimes.compare(loaded, sources, batch=batch,
-                                                      output_len=out_len, rounds=s["rounds"],
-                                                      task=f"batch {batch}",
-                                                      with_hf=not args.skip_hf)
-        agreement[name if batch == 32 else f"{name} batch {batch}"] = agreement_rows
-        rows += [{**row, "task": f"{name} {row['task']}"} for row in model_rows]
+      loaded = runtimes.load_all(directory, tmp / f"{name}-ct2", ctranslate2=ctranslate2,
+                                 transformers=transformers, threads=threads)
+      model_rows, by_batch = runtimes.compare_batches(
+          loaded, s["sentences"], lengths=s["source_len"], output_len=out_len,
+          rounds=s["rounds"], with_hf=not args.skip_hf)
+      agreement.update({name if batch == 32 else f"{name} batch {batch}": values
+                        for batch, values in by_batch.items()})
+      rows += [{**row, "task": f"{name} {row['task']}"} for row in model_rows]
       del loaded
   print(f"{out_len} tokens per output, sentences by batch {s['sentences']}, {threads} threads; "
         f"torch {torch.__version__}, transformers {transformers.__version__}, ctranslate2 "

@@ -38,8 +38,6 @@ def settings(quick: bool) -> dict:
 
 
 def main() -> None:
-  import numpy as np  # noqa: PLC0415
-
   from seq2seq_jax import benchmarking  # noqa: PLC0415
   from seq2seq_jax import benchmark_runtimes as runtimes  # noqa: PLC0415
   from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
@@ -53,21 +51,15 @@ def main() -> None:
   args, s, (ctranslate2, torch, transformers) = started
   threads = os.cpu_count() or 1
   out_len = s["output_len"]
-  rows, agreement = [], {}
   with tempfile.TemporaryDirectory() as tmp:
     directory = pathlib.Path(tmp) / "opus-mt-sized"
     fixtures.build_random_marian(directory, **s["model"])
-    loaded = runtimes.load_runtimes(directory, pathlib.Path(tmp) / "ct2", ctranslate2=ctranslate2,
-                                    transformers=transformers, threads=threads,
-                                    compute_types=runtimes.CT2_INT8_TYPES,
-                                    variants=tuple(runtimes.VARIANTS))
-    rng = np.random.default_rng(0)
-    for batch, count in s["sentences"].items():
-      sources = runtimes.random_sources(loaded, rng, count=count, lengths=s["source_len"])
-      batch_rows, agreement[f"batch{batch}"] = runtimes.compare(
-          loaded, sources, batch=batch, output_len=out_len, rounds=s["rounds"],
-          task=f"batch {batch}", with_hf=not args.skip_hf)
-      rows += batch_rows
+    loaded = runtimes.load_all(directory, pathlib.Path(tmp) / "ct2", ctranslate2=ctranslate2,
+                               transformers=transformers, threads=threads)
+    rows, by_batch = runtimes.compare_batches(loaded, s["sentences"], lengths=s["source_len"],
+                                              output_len=out_len, rounds=s["rounds"],
+                                              with_hf=not args.skip_hf)
+    agreement = {f"batch{batch}": values for batch, values in by_batch.items()}
   print(f"model {s['model']}, {out_len} tokens per output, {threads} threads; torch "
         f"{torch.__version__}, transformers {transformers.__version__}, ctranslate2 "
         f"{ctranslate2.__version__}; {runtimes.describe_cpu()}")

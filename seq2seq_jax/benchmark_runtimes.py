@@ -212,6 +212,28 @@ def compare(runtimes: Runtimes, sources: list[list[int]], *, batch: int, output_
   return rows, agreement
 
 
+def load_all(directory: str | os.PathLike, ct2_dir: str | os.PathLike, *, ctranslate2: Any,
+             transformers: Any, threads: int) -> Runtimes:
+  """``load_runtimes`` with every variant: CTranslate2's int8 types, this library's bf16 and int8."""
+  return load_runtimes(directory, ct2_dir, ctranslate2=ctranslate2, transformers=transformers,
+                       threads=threads, compute_types=CT2_INT8_TYPES, variants=tuple(VARIANTS))
+
+
+def compare_batches(runtimes: Runtimes, sentences: Mapping[int, int], *, lengths: tuple[int, int],
+                    output_len: int, rounds: int, with_hf: bool = True
+                    ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+  """``compare`` at each batch size of ``sentences`` (batch -> how many random sources, drawn
+  from one generator seeded 0): the rows of all (task ``"... batch B"``), agreement by batch."""
+  rng = np.random.default_rng(0)
+  rows, agreement = [], {}
+  for batch, count in sentences.items():
+    sources = random_sources(runtimes, rng, count=count, lengths=lengths)
+    batch_rows, agreement[batch] = compare(runtimes, sources, batch=batch, output_len=output_len,
+                                           rounds=rounds, task=f"batch {batch}", with_hf=with_hf)
+    rows += batch_rows
+  return rows, agreement
+
+
 def describe_cpu() -> str:
   """The CPU, its instruction set (``platforms.cpu_instruction_set``) and the load average,
   as the benchmarks print them beside every figure."""
@@ -253,4 +275,5 @@ def versions(ctranslate2: Any, torch: Any, transformers: Any) -> dict[str, str]:
 
 
 __all__ = ["Runtimes", "load_runtimes", "random_sources", "compare", "start",
-           "versions", "describe_cpu", "CT2_INT8_TYPES", "VARIANTS"]
+           "versions", "describe_cpu", "load_all", "compare_batches", "CT2_INT8_TYPES",
+           "VARIANTS"]

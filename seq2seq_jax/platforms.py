@@ -25,12 +25,12 @@ So is the fourth, ``as_two_rows``: int8 and bfloat16 products of a single row (a
 decoding step of one sentence) computed as two rows, because XLA's CPU dot takes a
 slow path for one row in those types.
 
-XLA:CPU's flags (``benchmarks/cpu_flags.py``): ``--xla_cpu_use_onednn=true`` and the
-YNNPACK / XNNPACK fusions that are off by default (``--xla_cpu_experimental_ynn_fusion_type``,
-``--xla_cpu_experimental_xnn_graph_fusion_mode``) were timed on the Zen 4 (AVX-512 with
-VNNI and bfloat16, ``cpu_instruction_set() == "avx512_vnni_bf16"``) at the decoding
-products' shapes, float32, bfloat16 and int8: none paid consistently (RESULTS.md, "Int8
-and bfloat16 inference"), so the library sets none. AMX and AVX2-only CPUs were not
+XLA:CPU's flags: ``--xla_cpu_use_onednn=true`` and YNNPACK's eltwise fusion (off by
+default, ``--xla_cpu_experimental_ynn_fusion_type``) were timed on the Zen 4 (AVX-512 with
+VNNI and bfloat16, ``cpu_instruction_set() == "avx512_vnni_bf16"``) at the output
+projection's shapes, float32, bfloat16 and int8: none paid for every shape (RESULTS.md,
+"Int8 and bfloat16 inference"), so the library sets none; ``benchmarks/cpu_flags.py``
+times whole decodes per flag set, XNNPACK's graph fusion among them. AMX and AVX2-only CPUs were not
 reachable and are unmeasured. XLA reads ``XLA_FLAGS`` when its CPU client starts, at the
 first computation or ``jax.devices()``, not at ``import jax``: a user who has imported
 jax but computed nothing can still set ``os.environ["XLA_FLAGS"]``; after that, only a
