@@ -146,7 +146,7 @@ test-accel: $(STAMP)
 
 # Benchmarks (see benchmarks/RESULTS.md). compare_pytorch.py needs the bench extra:
 # `$(PY) -m pip install torch==2.13.0` first (the CPU wheel), then `-e ".[bench]"`.
-BENCH_SCRIPTS := train_throughput decode_throughput rnn_vs_transformer pretrained_opus_mt pretrained_families translate_file decode_controls tpu_compile tpu_anchors input_pipeline attention_kernels
+BENCH_SCRIPTS := train_throughput decode_throughput rnn_vs_transformer pretrained_opus_mt pretrained_families translate_file decode_controls tpu_compile tpu_anchors input_pipeline attention_kernels cpu_flags
 # tpu_anchors.py also writes its tables into RESULTS.md (tests/aot/test_anchors.py checks them).
 bench: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do \

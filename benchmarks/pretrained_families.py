@@ -7,11 +7,14 @@ what a load costs (peak memory, the NaN check).
 (12 + 12 layers, d 1024, 16 heads, FFN 4096, GELU, 250,054 ids), random weights.
 Each is loaded by ``seq2seq_jax.pretrained.load`` (JAX), by transformers
 (``generate``, PyTorch float32) and converted by CTranslate2's own
-``TransformersConverter`` (float32). Random weights give no natural end, so every
-system generates exactly ``output_len`` tokens (EOS suppressed); the greedy outputs
-of the three are compared token by token first, then generated tokens/s are timed
-for greedy and beam 4 at batch 32, systems alternated round by round, each with all
-the machine's threads (``seq2seq_jax.benchmark_runtimes``).
+``TransformersConverter`` (float32, and its ``int8`` and ``int8_float32`` compute
+types); this library also runs in bfloat16, int8 and int8 with bfloat16 compute.
+Random weights give no natural end, so every system generates exactly ``output_len``
+tokens (EOS suppressed); the float32 greedy outputs of the three are compared token
+by token first, then generated tokens/s are timed for greedy and beam 4 at batch 32
+and batch 1, systems alternated round by round, each with all the machine's threads
+(``seq2seq_jax.benchmark_runtimes``); the CPU, its instruction set and the load
+average are printed with the table.
 
 Loading, measured in fresh processes: the peak resident memory of
 ``pretrained.load`` (one ``model.safetensors``, and the same tensors as safetensors
@@ -19,7 +22,7 @@ shards with an index) and of transformers' ``from_pretrained``, against the byte
 of the parameters; and the load time with and without the check for NaN and
 infinity (``check_finite``), alternated.
 
-  python benchmarks/pretrained_families.py [--out FILE.json] [--plot FILE.png] [--rounds N]
+  python benchmarks/pretrained_families.py [--out FILE.json] [--plot FILE.png] [--rounds N] [--skip-hf]
   python benchmarks/pretrained_families.py --loads-only   # only the loads' peak memory
   SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_families.py   # tiny sizes, for CI
 """
@@ -82,9 +85,9 @@ def settings(quick: bool) -> dict:
                                ffn=64, spm_pieces=1000, spm_vocab_size=500),
         "mBART-sized": dict(model_dim=32, layers=1, heads=2, ffn=64, spm_pieces=1000,
                             spm_vocab_size=500, max_positions=64)},
-        sentences=32, source_len=(6, 12), output_len=8, rounds=2, load_rounds=1,
+        sentences={32: 32, 1: 2}, source_len=(6, 12), output_len=8, rounds=2, load_rounds=1,
         shard_bytes=20_000)
-  return dict(models={"T5-small-sized": {}, "mBART-sized": {}}, sentences=64,
+  return dict(models={"T5-small-sized": {}, "mBART-sized": {}}, sentences={32: 64, 1: 4},
               source_len=(10, 30), output_len=32, rounds=3, load_rounds=3,
               shard_bytes=500 * 2 ** 20)
 
@@ -160,8 +163,6 @@ def _finite_check_cost(name: str, directory: pathlib.Path, s: dict) -> dict:
 
 
 def main() -> None:
-  import numpy as np  # noqa: PLC0415
-
   from seq2seq_jax import benchmarking  # noqa: PLC0415
   from seq2seq_jax import benchmark_runtimes as runtimes  # noqa: PLC0415
   from seq2seq_jax.pretrained import fixtures  # noqa: PLC0415
@@ -169,6 +170,8 @@ def main() -> None:
   parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--keep", type=pathlib.Path, default=None,
                       help="build the checkpoints here and keep them (default: a temp dir)")
+  parser.add_argument("--skip-hf", action="store_true",
+                      help="time without transformers (the int8 comparison needs only CTranslate2)")
   parser.add_argument("--loads-only", action="store_true",
                       help="measure only the loads' peak memory (no timing: memory does not "
                       "depend on what else runs on the machine)")
@@ -177,7 +180,7 @@ def main() -> None:
     return
   args, s, (ctranslate2, torch, transformers) = started
   threads = os.cpu_count() or 1
-  out_len, count = s["output_len"], s["sentences"]
+  out_len = s["output_len"]
   rows, agreement, loads, checks = [], {}, [], []
   builders = {"T5-small-sized": fixtures.build_random_t5,
               "mBART-sized": fixtures.build_random_mbart50}
@@ -192,29 +195,31 @@ def main() -> None:
       if args.loads_only:
         continue
       checks.append(_finite_check_cost(name, directory, s))
-      loaded = runtimes.load_runtimes(directory, tmp / f"{name}-ct2", ctranslate2=ctranslate2,
-                                      transformers=transformers, threads=threads)
-      sources = runtimes.random_sources(loaded, np.random.default_rng(0), count=count,
-                                        lengths=s["source_len"])
-      model_rows, agreement[name] = runtimes.compare(loaded, sources, batch=32,
-                                                     output_len=out_len, rounds=s["rounds"],
-                                                     task="batch 32")
+      loaded = runtimes.load_all(directory, tmp / f"{name}-ct2", ctranslate2=ctranslate2,
+                                 transformers=transformers, threads=threads)
+      model_rows, by_batch = runtimes.compare_batches(
+          loaded, s["sentences"], lengths=s["source_len"], output_len=out_len,
+          rounds=s["rounds"], with_hf=not args.skip_hf)
+      agreement.update({name if batch == 32 else f"{name} batch {batch}": values
+                        for batch, values in by_batch.items()})
       rows += [{**row, "task": f"{name} {row['task']}"} for row in model_rows]
       del loaded
-  print(f"{out_len} tokens per output, {count} sentences, {threads} threads; torch "
-        f"{torch.__version__}, transformers {transformers.__version__}, ctranslate2 "
-        f"{ctranslate2.__version__}")
+  print(f"{out_len} tokens per output, sentences by batch {s['sentences']}, {threads} threads; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, ctranslate2 "
+        f"{ctranslate2.__version__}; {runtimes.describe_cpu()}")
   if rows:
     print("greedy agreement:", json.dumps(agreement))
     print(benchmarking.format_table(rows, ["task", "system", "tokens/s", "tokens/s min",
-                                           "tokens/s max", "ours/system"]))
+                                           "tokens/s max", "ours/system", "x CT2 int8"]))
   print(benchmarking.format_table(loads, ["model", "load", "param MB", "peak - start MB",
                                           "x params", "seconds"]))
   if checks:
     print(benchmarking.format_table(checks, ["model", "load s (check)", "load s (no check)",
                                              "check s", "check %"]))
   path = benchmarking.write_json(args.out, {
-      "benchmark": "pretrained_families", "settings": s, "loads_only": args.loads_only,
+      "benchmark": "pretrained_families",
+      "settings": {**s, "sentences": {str(k): v for k, v in s["sentences"].items()}},
+      "loads_only": args.loads_only,
       "versions": runtimes.versions(ctranslate2, torch, transformers),
       "agreement": agreement, "rows": rows, "loads": loads, "finite_check": checks})
   print(f"wrote {path}")

@@ -15,6 +15,8 @@ Sections (``--sections``, default all):
 - ``generate``: OPUS-MT, NLLB-200 600M and 1.3B shapes (their config.json figures),
   greedy and beam 4 at batch 32 and 256 on v5e-1: the whole program's memory, and
   one decoding step against the HBM-bandwidth bound (parameters and caches read once).
+  OPUS-MT's beam 4 also with int8 weights and products (``quantize="int8"``, variant
+  ``"beam b32 int8"``): the bound then counts the int8 weights.
 - ``choices``: the CPU-only choices (vocabulary-major logits, two-stage argmax and
   top-k) and the dropout generator (Philox, threefry, rbg) judged on v5e-1.
 
@@ -70,14 +72,16 @@ def settings(quick: bool) -> dict[str, Any]:
                 sharding_presets=["tiny_transformer"], sharding_targets=["v5e:2x4"],
                 shardings=["replicated", "fsdp"], published=["tiny-marian"],
                 generate_rows=[8], methods=["greedy"], generate_target="v5e-1",
-                source_len=16, choices=False, max_rows=64)
+                source_len=16, choices=False, max_rows=64,
+                int8=dict(published=["tiny-marian"], methods=["greedy"]))
   from seq2seq_jax.presets import PRESETS
   return dict(train_presets=[p for p in PRESETS if p != "tiny_transformer"],
               train_targets=list(TRAIN_TARGETS),
               sharding_presets=["wmt14_transformer_base", "wmt14_transformer_big"],
               sharding_targets=list(SHARDING_TARGETS), shardings=list(SHARDINGS),
               published=list(PUBLISHED), generate_rows=[32, 256], methods=["greedy", "beam"],
-              generate_target="v5e-1", source_len=64, choices=True, max_rows=1 << 16)
+              generate_target="v5e-1", source_len=64, choices=True, max_rows=1 << 16,
+              int8=dict(published=["opus-mt-de-en"], methods=["beam"]))
 
 
 def _record(report, **labels) -> dict[str, Any]:
@@ -187,33 +191,38 @@ def _published_dir(root: pathlib.Path, name: str) -> pathlib.Path:
 
 
 def run_generate(results: Results, s: dict[str, Any]) -> None:
-  from seq2seq_jax import aot, configs, pretrained
+  from seq2seq_jax import aot, configs, pretrained, quantization
+  from seq2seq_jax.models.registry import build_model
+  runs = [(name, method, "none") for name in s["published"] for method in s["methods"]]
+  runs += [(name, method, "int8") for name in s["int8"]["published"] if name in s["published"]
+           for method in s["int8"]["methods"]]
   with tempfile.TemporaryDirectory() as tmp:
-    for name in s["published"]:
+    for name, method, quantize in runs:
       model_config, _ = pretrained.load_config(_published_dir(pathlib.Path(tmp), name))
       model_config = dataclasses.replace(model_config, dtype="bfloat16")
-      for method in s["methods"]:
-        for rows in s["generate_rows"]:
-          labels = dict(section="generate", name=name, variant=f"{method} b{rows}",
-                        target=s["generate_target"])
-          if results.has(labels):
-            continue
-          limit = s["source_len"]
-          config = configs.ExperimentConfig(
-              model=model_config,
-              data=configs.DataConfig(max_source_len=limit, max_target_len=limit,
-                                      bucket_lengths=(limit,), batch_tokens=8 * limit),
-              decode=configs.DecodeConfig(method=method, beam_size=4))
-          report = aot.compile_report(config, s["generate_target"], "generate", rows=rows,
-                                      length=limit)
-          record = _record(report, **labels)
-          results.add(record)
-          _say(record)
-          step = report.decode_step or {}
-          if step:
-            print(f"          decoding step: est {step['estimated_seconds'] * 1e3:.3f} ms, "
-                  f"HBM bound {step['hbm_bound_seconds'] * 1e3:.3f} ms "
-                  f"({step['estimate_over_bound']:.2f}x)", flush=True)
+      model = quantization.quantized_model(build_model(model_config), quantize)
+      for rows in s["generate_rows"]:
+        variant = f"{method} b{rows}" + ("" if quantize == "none" else f" {quantize}")
+        labels = dict(section="generate", name=name, variant=variant,
+                      target=s["generate_target"])
+        if results.has(labels):
+          continue
+        limit = s["source_len"]
+        config = configs.ExperimentConfig(
+            model=model_config,
+            data=configs.DataConfig(max_source_len=limit, max_target_len=limit,
+                                    bucket_lengths=(limit,), batch_tokens=8 * limit),
+            decode=configs.DecodeConfig(method=method, beam_size=4))
+        report = aot.compile_report(config, s["generate_target"], "generate", rows=rows,
+                                    length=limit, model=model)
+        record = _record(report, **labels)
+        results.add(record)
+        _say(record)
+        step = report.decode_step or {}
+        if step:
+          print(f"          decoding step: est {step['estimated_seconds'] * 1e3:.3f} ms, "
+                f"HBM bound {step['hbm_bound_seconds'] * 1e3:.3f} ms "
+                f"({step['estimate_over_bound']:.2f}x)", flush=True)
 
 
 def run_choices(results: Results) -> None:

@@ -109,13 +109,21 @@ def test_compare_pytorch_quick(tmp_path):
   assert lengths == {payload["settings"]["output_len"]}
 
 
+# Every system of benchmark_runtimes.compare: this library in float32, bfloat16, int8 and
+# int8 with bfloat16 compute; HF; CTranslate2 in float32, int8 and int8_float32.
+RUNTIMES = ("seq2seq_jax", "seq2seq_jax bf16", "seq2seq_jax int8", "seq2seq_jax int8 bf16",
+            "HF generate", "CTranslate2", "CTranslate2 int8", "CTranslate2 int8_float32")
+
+
 @pytest.mark.slow
 @NEEDS_BENCH_EXTRA
 def test_pretrained_opus_mt_quick(tmp_path):
   payload = _run("pretrained_opus_mt", tmp_path)
   _check_runtimes(payload["rows"], "tokens/s",
                   ("greedy batch 32", "beam4 batch 32", "greedy batch 1", "beam4 batch 1"),
-                  ("seq2seq_jax", "HF generate", "CTranslate2"))
+                  RUNTIMES)
+  assert all(row["x CT2 int8"] > 0 for row in payload["rows"])
+  assert payload["machine"]["instruction_set"] and payload["machine"]["load_average"]
   # The same weights give the same greedy tokens in all three runtimes.
   for batch in payload["agreement"].values():
     assert batch["HF identical rows"] == 1.0 and batch["CTranslate2 identical rows"] == 1.0
@@ -127,8 +135,8 @@ def test_pretrained_families_quick(tmp_path):
   payload = _run("pretrained_families", tmp_path)
   models = ("T5-small-sized", "mBART-sized")
   _check_runtimes(payload["rows"], "tokens/s",
-                  [f"{m} {search} batch 32" for m in models for search in ("greedy", "beam4")],
-                  ("seq2seq_jax", "HF generate", "CTranslate2"))
+                  [f"{m} {search} batch {b}" for m in models for search in ("greedy", "beam4")
+                   for b in (32, 1)], RUNTIMES)
   for model in models:
     # The same weights give the same greedy tokens in all three runtimes.
     agreement = payload["agreement"][model]
@@ -244,3 +252,14 @@ def test_attention_kernels_quick(tmp_path):
   assert records["einsum"]["kernel_flops"] is None and not records["einsum"]["kernels"]
   assert records["auto"]["kernel_flops"] > 0 and "splash" in records["auto"]["kernels"]
   assert records["auto"]["cyc_ms"] > 0 and records["einsum"]["cyc_ms"] > 0
+
+
+@pytest.mark.slow
+def test_cpu_flags_quick(tmp_path):
+  payload = _run("cpu_flags", tmp_path)
+  rows = {(r["system"], r["task"]): r for r in payload["rows"]}
+  for flags in ("default", "onednn"):
+    for task in ("float32 batch 32", "int8 batch 32", "bfloat16 batch 1", "int8 batch 1"):
+      assert rows[flags, task]["tokens/s"] > 0
+  assert all(rows["default", task]["x default"] == 1.0 for _, task in rows)
+  assert payload["instruction_set"] and payload["load_before"]

@@ -70,3 +70,19 @@ def test_on_cpu_runs_the_cpu_branch_on_this_machine():
   assert float(platforms.on_cpu(lambda x: x + 1, lambda x: x - 1, jnp.zeros(()))) == 1.0
   assert platforms.reads_vocab_major(platforms.VOCAB_MAJOR_MIN_ROWS)
   assert not platforms.reads_vocab_major(platforms.VOCAB_MAJOR_MAX_ROWS + 1)
+
+
+@pytest.mark.parametrize("platform, concatenates", [("cpu", True), ("tpu", False)])
+def test_single_row_bfloat16_logits_run_as_two_rows_on_the_cpu_only(platform, concatenates):
+  x = jnp.zeros((1, 1, WIDTH), jnp.bfloat16)
+  table = jnp.zeros((VOCAB, WIDTH), jnp.bfloat16)
+  text = _lowered(lambda x, e: embeddings.vocab_logits(x, e), x, table, platform=platform)
+  assert ("stablehlo.concatenate" in text) == concatenates
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(1, 1, WIDTH)), jnp.bfloat16)
+  table = jnp.asarray(rng.normal(size=(VOCAB, WIDTH)), jnp.bfloat16)
+  np.testing.assert_allclose(embeddings.vocab_logits(x, table), jnp.einsum(
+      "BTD,VD->BTV", x, table, preferred_element_type=jnp.float32), rtol=1e-6, atol=1e-5)
+  assert platforms.cpu_instruction_set("flags : avx2 amx_tile amx_int8 avx512f") == "amx"
+  assert platforms.cpu_instruction_set("flags : avx2 avx512f") == "avx512"
+  assert platforms.cpu_instruction_set("avx2") == "avx2"

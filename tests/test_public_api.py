@@ -25,8 +25,9 @@ def test_unknown_attribute_raises_attribute_error():
     raise AssertionError("expected AttributeError")
 
 
-def test_plain_import_does_not_load_orbax_grain_or_tfds():
+def test_plain_import_does_not_load_orbax_grain_tfds_or_qwix():
   code = ("import sys, seq2seq_jax; "
-          "print(sorted(m for m in ('orbax', 'grain', 'tensorflow_datasets') if m in sys.modules))")
+          "print(sorted(m for m in ('orbax', 'grain', 'tensorflow_datasets', 'qwix') "
+          "if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]"

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.experimental.layout import Format, Layout
 
+from seq2seq_jax import quantization
 from seq2seq_jax.configs import DecodeConfig, ExperimentConfig
 from seq2seq_jax.data.pipeline import bucket_rows
 from seq2seq_jax.decoding import selection
@@ -172,7 +173,10 @@ def eval_program(config: ExperimentConfig, mesh: Mesh, *, rows: int | None = Non
 
 
 def _replicated_params(model: nn.Module, mesh: Mesh) -> Any:
-  shapes = jax.eval_shape(lambda: step_lib.init_params(model, jax.random.key(0)))
+  if hasattr(type(model), "_unquantized_type"):  # int8 weights (quantization.quantized_model)
+    shapes = quantization.abstract_params(model)
+  else:
+    shapes = jax.eval_shape(lambda: step_lib.init_params(model, jax.random.key(0)))
   return _abstract(shapes, jax.tree.map(lambda _: NamedSharding(mesh, P()), shapes))
 
 

@@ -104,6 +104,12 @@ def _languages(translator: Any, source: str | None, target: str | None) -> dict[
   return {}
 
 
+def _numerics(translator: Any) -> dict[str, str]:
+  """How the model computes: ``{"quantize": "none" or "int8", "dtype": ...}``."""
+  return {"quantize": translator.quantize,
+          "dtype": getattr(getattr(translator.model, "config", None), "dtype", "float32")}
+
+
 def _scores(args: argparse.Namespace, lang: str, hypotheses: list[str], references: list[str],
             tokenized_references: list[str] | None) -> dict[str, Any]:
   """The scores to print, each under a label that names its convention: BLEU by
@@ -142,8 +148,10 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
   method = "greedy" if beam_size == 1 else f"beam{beam_size}-alpha{alpha:g}"
   pair = f"{config.data.source_lang}->{config.data.target_lang}"
   checkpoint = translator.step if translator.step is not None else "pretrained"
+  numerics = _numerics(translator)
   print(f"{split} ({pair}, {len(sources)} sentences, checkpoint {checkpoint}, {method}, "
-        f"{seconds:.1f} s):")
+        + "".join(f"{value}, " for value in numerics.values() if value not in ("none", "float32"))
+        + f"{seconds:.1f} s):")
   for label, score in scores.items():
     print(f"  {label} {score.score:.2f} ({score.signature})")
   for i in range(min(args.show, len(sources))):
@@ -151,7 +159,9 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
           f"  reference:  {references[i]}")
   out_dir = pathlib.Path(args.workdir or ".") / "eval"
   out_dir.mkdir(parents=True, exist_ok=True)
-  name = f"eval-{split}-{checkpoint}-{method}"
+  # int8 or bfloat16 runs get their own files beside the float32 ones
+  name = "-".join([f"eval-{split}-{checkpoint}-{method}"] + [
+      value for value in numerics.values() if value not in ("none", "float32")])
   (out_dir / f"{name}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
   record = {
       "split": split, "pair": pair, "sentences": len(sources), "checkpoint_step": translator.step,
@@ -161,7 +171,7 @@ def _evaluate_one(args: argparse.Namespace, translator: Any, split: str, sources
                  or translator.max_decode_len(decode),
                  "max_source_len": translator.max_source_len, **flags.decode_options(args),
                  "ensemble": list(getattr(args, "ensemble", []))},
-      "scoring": args.scoring,
+      **numerics, "scoring": args.scoring,
       "scores": {s.name: {"score": s.score, "signature": s.signature, "details": s.details}
                  for s in scores.values()},
       "tokenized_references": str(tokenized) if tokenized else None,

@@ -92,6 +92,12 @@ def add_decode_flags(parser: argparse.ArgumentParser) -> None:
                       help="longest source in tokens, EOS included; longer lines are truncated "
                            "with a warning (default: the model's max_len; a --pretrained "
                            "checkpoint's at most 256)")
+  parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                      help="int8: int8 weights and products (Transformer and T5 models, every "
+                           "pretrained family; seq2seq_jax.quantization); default: %(default)s")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                      help="compute dtype to decode in; parameters stay float32 (default: the "
+                           "run's, float32 for --pretrained)")
   parser.add_argument("--ensemble", action="append", default=[], metavar="DIR",
                       help="decode with an ensemble: another member, a training run's workdir "
                            "or a pretrained checkpoint with the same vocabulary (repeatable; "
@@ -136,8 +142,10 @@ def translator(args: argparse.Namespace, **kwargs):
   limit = getattr(args, "max_source_len", None)
   if limit is not None:
     kwargs["max_source_len"] = limit
+  numerics = {"quantize": getattr(args, "quantize", "none"), "dtype": getattr(args, "dtype", None)}
   first = model_translator(workdir=args.workdir, pretrained=args.pretrained,
-                           checkpoint=args.checkpoint, batch_size=args.batch_size, **kwargs)
+                           checkpoint=args.checkpoint, batch_size=args.batch_size, **numerics,
+                           **kwargs)
   members = getattr(args, "ensemble", [])
   if not members:
     return first
@@ -147,23 +155,27 @@ def translator(args: argparse.Namespace, **kwargs):
     is_run = (pathlib.Path(path) / "checkpoints").is_dir()
     others.append(model_translator(workdir=path if is_run else None,
                                    pretrained=None if is_run else path,
-                                   batch_size=args.batch_size))
+                                   batch_size=args.batch_size, **numerics))
   return Translator.ensemble([first, *others],
                              **({} if limit is None else {"max_source_len": limit}))
 
 
 def model_translator(*, workdir: str | None = None, pretrained: str | None = None,
-                     checkpoint: str | None = None, batch_size: int | None = None, **kwargs):
+                     checkpoint: str | None = None, batch_size: int | None = None,
+                     quantize: str = "none", dtype: str | None = None, **kwargs):
   """The Translator of a training run's checkpoint (``best|latest|STEP``; default: best, else
-  latest) or of a pretrained checkpoint's directory."""
+  latest) or of a pretrained checkpoint's directory; ``quantize`` and ``dtype`` as
+  ``--quantize`` and ``--dtype`` say (``dtype`` None: the run's, float32 for a checkpoint)."""
   from seq2seq_jax.inference import Translator
   if batch_size:
     kwargs["batch_size"] = batch_size
+  kwargs["quantize"] = quantize
   if pretrained:
     if checkpoint is not None:
       raise ValueError("--checkpoint picks a step of a --workdir run; a --pretrained "
                        "checkpoint has one set of parameters")
-    return Translator.from_pretrained(pretrained, **kwargs)
+    return Translator.from_pretrained(pretrained, dtype=dtype or "float32", **kwargs)
+  kwargs["dtype"] = dtype
   step: int | str | None = checkpoint
   if checkpoint is not None and checkpoint not in ("best", "latest"):
     try:

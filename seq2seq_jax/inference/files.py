@@ -425,6 +425,10 @@ def _settings(translator: Translator, decode: DecodeConfig, config: TranslateFil
                                                    "row_multiple")},
       "output": {"n_best": config.n_best, "scores": config.scores},
   }
+  compute = {"quantize": getattr(translator, "quantize", "none"),
+             "dtype": getattr(getattr(translator.model, "config", None), "dtype", "float32")}
+  if compute != {"quantize": "none", "dtype": "float32"}:  # records before int8 have no key
+    settings["model"]["compute"] = compute
   if input_path is not None:
     settings["input"] = _fingerprint_file(input_path)
   for side in SIDE_FILES:

@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from seq2seq_jax.configs import DecodeConfig
+from seq2seq_jax import quantization
 from seq2seq_jax import text_controls
 from seq2seq_jax.decoding import check_controls, length_penalty, search_fn
 from seq2seq_jax.layers.partitioning import activation_sharding
@@ -183,12 +184,16 @@ class Translator:
     batch_size: most rows decoded at once by ``translate`` and ``score``.
     mesh: a ``("data", "model")`` mesh (``seq2seq_jax.make_mesh()``: every device of
       every host); default: the first device alone.
+    quantize: ``"int8"`` decodes with int8 weights and int8 products
+      (``seq2seq_jax.quantization``: Transformer and T5 models, so every pretrained
+      family); ``"none"`` (default) as given. ``model`` and ``params`` are then the
+      quantized ones.
   """
 
   def __init__(self, model: nn.Module, params: PyTree, tokenizer: Any, *,
                decode_config: DecodeConfig = DecodeConfig(), max_source_len: int | None = None,
                bucket_lengths: Sequence[int] = (16, 32, 64), batch_size: int = 64,
-               mesh: Mesh | None = None):
+               mesh: Mesh | None = None, quantize: str = "none"):
     model_max = getattr(getattr(model, "config", None), "max_len", None)
     if max_source_len is None:
       max_source_len = model_max or 128
@@ -203,6 +208,8 @@ class Translator:
                        f"give at most {model_max} (--max-source-len)")
     if batch_size <= 0:
       raise ValueError(f"batch_size={batch_size} must be positive")
+    self.quantize = quantization.check_mode(quantize)
+    model, params = quantization.quantize(model, params, quantize)
     self.model = model
     self.tokenizer = tokenizer
     self.decode_config = decode_config
@@ -222,16 +229,19 @@ class Translator:
 
   @classmethod
   def from_workdir(cls, workdir: str | os.PathLike, *, step: int | str | None = None,
-                   **kwargs) -> "Translator":
+                   dtype: str | None = None, **kwargs) -> "Translator":
     """Loads the model, parameters, tokenizer and settings a training run saved.
 
     Args:
       workdir: the training run's directory (holding ``checkpoints/``).
       step: ``"best"`` (highest validation BLEU), ``"latest"`` or a step number;
         default: the best when a checkpoint has a validation BLEU, else the latest.
+      dtype: the compute dtype to decode in, "float32" or "bfloat16" (parameters stay
+        float32); default: the run's.
       **kwargs: overrides of the constructor's keyword arguments (``mesh=...``,
-        ``max_source_len=...``; the source limit defaults to the model's ``max_len``,
-        not to the run's ``data.max_source_len``, which filtered or cut training pairs).
+        ``quantize="int8"``, ``max_source_len=...``; the source limit defaults to the model's
+        ``max_len``, not to the run's ``data.max_source_len``, which filtered or cut training
+        pairs).
 
     Raises:
       CheckpointError: ``workdir`` holds no checkpoint (the message says where it looked).
@@ -256,6 +266,8 @@ class Translator:
     options = dict(decode_config=config.decode, bucket_lengths=config.data.bucket_lengths,
                    batch_size=config.data.eval_batch_size)
     options.update(kwargs)
+    if dtype is not None:  # inference in another compute dtype than the run trained in
+      config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
     translator = cls(build_model(config.model), params, tokenizer, **options)
     translator.config, translator.step = config, step
     return translator
@@ -272,8 +284,9 @@ class Translator:
     Args:
       path: a ``save_pretrained`` directory (see ``seq2seq_jax.pretrained.load``).
       dtype: compute dtype, "float32" or "bfloat16".
-      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``). The
-        source limit defaults to 256 tokens where the model takes more (OPUS-MT 512,
+      **kwargs: overrides of the constructor's keyword arguments (``mesh=...``,
+        ``quantize="int8"``; then ``pretrained.params`` is None: only the int8 copy is kept).
+        The source limit defaults to 256 tokens where the model takes more (OPUS-MT 512,
         NLLB 1,024): the output limit and the decode cache grow with it, for every
         sentence; ``max_source_len=`` raises it up to the model's ``max_len``.
     """
@@ -290,6 +303,8 @@ class Translator:
           MODEL_LIMIT if translator.max_source_len == model_max else
           f"from_pretrained's default (the model takes {model_max}: raise it with "
           "max_source_len= or --max-source-len)")
+    if translator.quantize != "none":  # the float parameters would stay in memory beside
+      checkpoint = dataclasses.replace(checkpoint, params=None)
     translator.pretrained = checkpoint
     return translator
 
@@ -330,6 +345,9 @@ class Translator:
           translators, key=lambda t: t.max_source_len).source_limit_origin
     translator.config, translator.step = first.config, first.step
     translator.pretrained = first.pretrained
+    quantized = {t.quantize for t in translators} - {"none"}
+    if quantized:  # members quantized one by one: say so for the whole
+      translator.quantize = quantized.pop()
     return translator
 
   # ---- settings ------------------------------------------------------------------------------

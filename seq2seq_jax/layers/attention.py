@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from seq2seq_jax.layers import fused_attention
+from seq2seq_jax.layers import quantized
 from seq2seq_jax.layers.dropout import dropout
 from seq2seq_jax.layers.partitioning import BATCH, HEADS, KV, LENGTH, constrain
 from seq2seq_jax.platforms import on_cpu
@@ -302,9 +303,12 @@ class MultiHeadAttention(nn.Module):
     if self.is_initializing():
       return tuple(module(x_BSD) for module in modules)
     params = [module.variables["params"] for module in modules]
-    kernel_DCHK = jnp.stack([p["kernel"] for p in params], axis=1)
-    x_BSD, kernel_DCHK = nn.dtypes.promote_dtype(x_BSD, kernel_DCHK, dtype=self.dtype)
-    y_BSCHK = jnp.einsum("...D,DCHK->...CHK", x_BSD, kernel_DCHK)
+    if quantized.is_quantized(params[0]["kernel"]):  # int8 weights (seq2seq_jax.quantization)
+      y_BSCHK = quantized.project(x_BSD, [p["kernel"] for p in params], self.dtype)
+    else:
+      kernel_DCHK = jnp.stack([p["kernel"] for p in params], axis=1)
+      x_BSD, kernel_DCHK = nn.dtypes.promote_dtype(x_BSD, kernel_DCHK, dtype=self.dtype)
+      y_BSCHK = jnp.einsum("...D,DCHK->...CHK", x_BSD, kernel_DCHK)
     if self.use_bias:
       bias_CHK = jnp.stack([p["bias"] for p in params], axis=0).astype(y_BSCHK.dtype)
       y_BSCHK = y_BSCHK + bias_CHK.reshape((1,) * (y_BSCHK.ndim - 3) + bias_CHK.shape)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from seq2seq_jax import platforms
+from seq2seq_jax.layers import quantized
 from seq2seq_jax.types import Array
 
 
@@ -81,11 +82,16 @@ class TokenEmbedding(nn.Module):
 
   def __call__(self, tokens: Array) -> Array:
     """``[...]`` int ids -> ``[..., D]`` vectors in the compute dtype."""
-    vectors = jnp.take(self.table, tokens, axis=0).astype(self.dtype)
+    if quantized.is_quantized(self.table):  # int8 rows, a scale per id (seq2seq_jax.quantization)
+      vectors = quantized.lookup(self.table, tokens, self.dtype)
+    else:
+      vectors = jnp.take(self.table, tokens, axis=0).astype(self.dtype)
     return vectors * jnp.sqrt(self.dim).astype(self.dtype) if self.scale else vectors
 
   def attend(self, x_BTD: Array, bias_V: Array | None = None) -> Array:
     """Tied output projection: float32 logits ``x @ E^T`` (``+ bias_V`` when given)."""
+    if quantized.is_quantized(self.table):
+      return quantized.logits(x_BTD, self.table, "VD", bias_V)
     table_VD = self.table.astype(self.dtype)
     if bias_V is None:
       return output_logits(x_BTD, table_VD)
@@ -139,6 +145,11 @@ def vocab_logits(x_BTD: Array, weight: Array, *, weight_axes: str = "VD",
   operands = (x_BTD, weight) + (() if bias is None else (bias,))
   if rows > TRANSPOSED_LOGITS_MAX_ROWS:
     return row_major(*operands)
+  if rows == 1 and weight.dtype != jnp.float32:  # bfloat16: XLA's CPU dot's slow single row
+    one_row = lambda x_BTD, *rest: platforms.as_two_rows(
+        lambda x_2D, *rest: row_major(x_2D, *rest))(x_BTD.reshape(1, -1), *rest).reshape(
+            x_BTD.shape[:-1] + (-1,))
+    return platforms.on_cpu(one_row, row_major, *operands)
   return platforms.on_cpu(vocab_major, row_major, *operands)
 
 
@@ -192,6 +203,8 @@ class VocabProjection(nn.Module):
                            (x_BTD.shape[-1], self.features), jnp.float32)
     bias_V = (self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
               if self.use_bias else None)
+    if quantized.is_quantized(kernel_DV):  # int8, a scale per column (seq2seq_jax.quantization)
+      return quantized.logits(x_BTD, kernel_DV, "DV", bias_V)
     x_BTD, kernel_DV = nn.dtypes.promote_dtype(x_BTD, kernel_DV, dtype=self.dtype)
     return vocab_logits(x_BTD, kernel_DV, weight_axes="DV", bias=bias_V)
 

@@ -208,3 +208,23 @@ def test_flags_reach_the_file_translation(run_dir, tmp_path, capsys):
   assert "references was {" in capsys.readouterr().err
   assert cli.main(base + ["--output", str(tmp_path / "nbest"), "--n-best", "2"]) == 2
   assert "n_best=2 needs beam search" in capsys.readouterr().err
+
+
+def test_quantize_and_dtype_flags_reach_the_translator_and_the_resume_record(run_dir, tmp_path,
+                                                                             capsys):
+  source = tmp_path / "in.de"
+  source.write_text("Ein Hund rennt.\nZwei Männer sitzen auf einer Bank.\n", encoding="utf-8")
+  base = ["translate", "--workdir", str(run_dir), "--input", str(source), "--progress", "none",
+          "--beam-size", "1"]
+  output = tmp_path / "int8.en"
+  assert cli.main(base + ["--output", str(output), "--quantize", "int8", "--dtype",
+                          "bfloat16"]) == 0
+  translator = Translator.from_workdir(run_dir, quantize="int8", dtype="bfloat16")
+  assert translator.quantize == "int8" and translator.model.config.dtype == "bfloat16"
+  assert output.read_text(encoding="utf-8").splitlines() == translator.translate(
+      ["Ein Hund rennt.", "Zwei Männer sitzen auf einer Bank."], beam_size=1)
+  capsys.readouterr()
+  # Float outputs must not be appended to an int8 file, nor the other way round.
+  assert cli.main(base + ["--output", str(output)]) == 2
+  err = capsys.readouterr().err
+  assert "model.compute was {'quantize': 'int8', 'dtype': 'bfloat16'}, now None" in err

@@ -207,3 +207,16 @@ def test_cpu_export_of_the_train_step_is_the_train_step():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
   changed = [not np.allclose(a, b) for a, b in zip(leaves, flat_train_state(fresh_state()))]
   assert sum(changed) > len(changed) // 2  # an update happened: parameters and moments moved
+
+
+def test_an_int8_translator_exports_for_cpu_and_tpu_and_equals_the_translator(
+    model_and_params, tokenizer, sentences, tmp_path):
+  model, params = model_and_params
+  translator = Translator(model, params, tokenizer, max_source_len=16, bucket_lengths=(8,),
+                          batch_size=2, decode_config=SEARCHES["greedy"], quantize="int8")
+  path = tmp_path / "int8.s2sx"
+  export_translator(translator, path, platforms=("cpu", "tpu"))
+  manifest = json.loads(zipfile.ZipFile(path).read("manifest.json"))
+  assert "int8" in {spec["dtype"] for spec in manifest["params"]}
+  assert serving.load_exported(path).translate(sentences[:3]) == translator.translate(
+      sentences[:3])
