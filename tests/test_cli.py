@@ -192,7 +192,8 @@ def echo_evaluate(tmp_path, monkeypatch):
 
   echo = types.SimpleNamespace(config=config, decode_config=config.decode, step=7,
                                tokenizer=None, translate=translate,
-                               max_decode_len=lambda decode: 16, max_source_len=24)
+                               max_decode_len=lambda decode: 16, max_source_len=24,
+                               quantize="none", model=None)
   monkeypatch.setattr(flags, "translator", lambda args: echo)
   monkeypatch.setattr(data_sources, "load_eval_text", lambda data, split: data_sources.EvalText(
       sources=list(REFERENCES), references=list(REFERENCES)))
