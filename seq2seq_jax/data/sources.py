@@ -104,15 +104,15 @@ class SplitSource:
     counts.setdefault("empty_dropped", 0)
     data_config = self.data_config
     drop = data_config.empty_lines == "drop"
-    if self.shards is not None:
-      langs = (data_config.source_lang, data_config.target_lang)
-      for shard in self.shards:
-        yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
-                                             counts=counts)
+    if self.shards is None:
+      pairs = self.pairs()
+      yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop,
+                                   counts=counts)
       return
-    pairs = self.pairs()
-    yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop,
-                                 counts=counts)
+    langs = (data_config.source_lang, data_config.target_lang)
+    for shard in self.shards:
+      yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
+                                           counts=counts)
 
 
 def resolve(data_config: DataConfig, split: str | None = None) -> SplitSource:
