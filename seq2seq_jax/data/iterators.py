@@ -175,11 +175,10 @@ def make_train_dataset(data_config: DataConfig, tokenizer: Tokenizer, *, seed: i
   num_tokens = int(kept_source_N[keep_N].sum() + kept_target_N[keep_N].sum())
   if data_config.packing:
     length = data_config.bucket_lengths[-1]
-    packed_rows = bucket_rows(data_config, length)
     plan = PackedBatchPlan(example_ids_N=example_ids_N,
                            source_len_N=kept_source_N, target_len_N=kept_target_N,
-                           length=length, rows=packed_rows, seed=seed, num_epochs=num_epochs,
-                           cache_dir=getattr(source, "directory", None))
+                           length=length, rows=bucket_rows(data_config, length), seed=seed,
+                           num_epochs=num_epochs, cache_dir=getattr(source, "directory", None))
     pairs_per_bucket = {length: len(example_ids_N)}
     rows_per_bucket = {length: plan.rows}
     padded_cells = plan.batches_per_epoch * plan.rows * length * 2
@@ -236,10 +235,10 @@ def make_train_iterator(data_config: DataConfig, tokenizer: Tokenizer, *, seed: 
   same whatever the number of workers, packed or not, since the plan fixes every
   batch's pairs, and the state restores exactly with any number of workers.
   """
-  batches, _ = make_train_dataset(data_config, tokenizer, seed=seed, shard_index=shard_index,
-                                  shard_count=shard_count, num_epochs=num_epochs)
-  return TrainIterator(batches, read_options=read_options or DEFAULT_READ_OPTIONS,
-                       num_workers=data_config.num_workers)
+  return TrainIterator(
+      make_train_dataset(data_config, tokenizer, seed=seed, shard_index=shard_index,
+                         shard_count=shard_count, num_epochs=num_epochs)[0],
+      read_options=read_options or DEFAULT_READ_OPTIONS, num_workers=data_config.num_workers)
 
 
 class TrainIterator(grain.DatasetIterator):
