@@ -72,15 +72,16 @@ class TrainBatchPlan(EpochPlan):
 
 
 class MakeBatch:
-  """``(length L, example ids [B])`` -> this host's rows of the batch dict, tokenized."""
+  """``(length L, example ids [B])`` -> this host's rows of the batch dict, tokenized; ``langs``
+  are the language codes the tokenizer is given (``prepared.languages``)."""
 
   def __init__(self, pairs: TextPairs, tokenizer: Tokenizer, data_config: DataConfig, *,
-               shard_index: int, shard_count: int):
+               langs: tuple[str | None, str | None], shard_index: int, shard_count: int):
     self._pairs = pairs
     self._tokenizer = tokenizer
     self._max_source_len = data_config.max_source_len
     self._max_target_len = data_config.max_target_len
-    self._langs = prepared.languages(data_config, tokenizer)
+    self._langs = langs
     self._shard_index = shard_index
     self._shard_count = shard_count
 

@@ -253,7 +253,21 @@ def _quiet_custom_config_warning():
 def _aligned_text_config(data_config: DataConfig, *, multi30k_url: str) -> AlignedTextConfig:
   langs = tuple(sorted((data_config.source_lang, data_config.target_lang)))
   download_url = download_dir = ""
-  if data_config.manual_dir:
+  if not data_config.manual_dir:  # only Multi30k has files without one: the official ones
+    if data_config.dataset != "multi30k":
+      raise DataError(f"DataConfig.dataset={data_config.dataset!r} reads the user's own files: "
+                      "set DataConfig.manual_dir (--manual-dir) to the folder of {split}.{lang} "
+                      "files")
+    download_dir = os.path.join(resolve_data_dir(data_config), "downloads", "multi30k",
+                                MULTI30K_COMMIT[:12])
+    files = _official_files(langs, directory=download_dir)
+    if not files:
+      raise DataError(f"Multi30k has no split in both {langs[0]} and {langs[1]}: set "
+                      "DataConfig.source_lang / target_lang to two of en, de, fr, cs")
+    checksums = {os.path.basename(path): MULTI30K_SHA256[os.path.basename(path)]
+                 for paths in files.values() for path in paths.values()}
+    download_url = multi30k_url
+  else:
     found = text_files.split_files(data_config.manual_dir, langs)
     if data_config.dataset == "parallel_text":
       for split, paths in found.items():
@@ -271,19 +285,6 @@ def _aligned_text_config(data_config: DataConfig, *, multi30k_url: str) -> Align
           "DataConfig.manual_dir, source_lang and target_lang")
     checksums = {f"{split}.{lang}": text_files.sha256(text_files.read_bytes(path))
                  for split, paths in files.items() for lang, path in paths.items()}
-  elif data_config.dataset == "multi30k":
-    download_dir = os.path.join(resolve_data_dir(data_config), "downloads", "multi30k",
-                                MULTI30K_COMMIT[:12])
-    files = _official_files(langs, directory=download_dir)
-    if not files:
-      raise DataError(f"Multi30k has no split in both {langs[0]} and {langs[1]}: set "
-                      "DataConfig.source_lang / target_lang to two of en, de, fr, cs")
-    checksums = {os.path.basename(path): MULTI30K_SHA256[os.path.basename(path)]
-                 for paths in files.values() for path in paths.values()}
-    download_url = multi30k_url
-  else:
-    raise DataError(f"DataConfig.dataset={data_config.dataset!r} reads the user's own files: "
-                    "set DataConfig.manual_dir (--manual-dir) to the folder of {split}.{lang} files")
   key = text_files.content_key(checksums)
   return AlignedTextConfig(
       name=f"{langs[0]}-{langs[1]}_{key}",

@@ -150,6 +150,7 @@ def make_train_dataset(data_config: DataConfig, tokenizer: Tokenizer, *, seed: i
   _check_shard(data_config, shard_index, shard_count)
   seed = data_config.shuffle_seed if seed is None else seed
   split_source = sources.resolve(data_config, split)
+  langs = prepared.languages(data_config, tokenizer)
   # The token counts of the split: from the prepared ids (source: the PreparedIds), or from
   # tokenizing the text (the old path; source: the TextPairs).
   source: prepared.PreparedIds | TextPairs
@@ -159,8 +160,7 @@ def make_train_dataset(data_config: DataConfig, tokenizer: Tokenizer, *, seed: i
     source_len_N, target_len_N = source.source_len_N, source.target_len_N
   else:
     source = split_source.pairs()
-    source_len_N, target_len_N = prepared.token_lengths(
-        source, tokenizer, langs=prepared.languages(data_config, tokenizer))
+    source_len_N, target_len_N = prepared.token_lengths(source, tokenizer, langs=langs)
   name = repr(source)
   num_pairs = len(source_len_N)
   too_long_N = (source_len_N > data_config.max_source_len) | (target_len_N > data_config.max_target_len)
@@ -175,11 +175,10 @@ def make_train_dataset(data_config: DataConfig, tokenizer: Tokenizer, *, seed: i
   num_tokens = int(kept_source_N[keep_N].sum() + kept_target_N[keep_N].sum())
   if data_config.packing:
     length = data_config.bucket_lengths[-1]
-    packed_rows = bucket_rows(data_config, length)
     plan = PackedBatchPlan(example_ids_N=example_ids_N,
                            source_len_N=kept_source_N, target_len_N=kept_target_N,
-                           length=length, rows=packed_rows, seed=seed, num_epochs=num_epochs,
-                           cache_dir=getattr(source, "directory", None))
+                           length=length, rows=bucket_rows(data_config, length), seed=seed,
+                           num_epochs=num_epochs, cache_dir=getattr(source, "directory", None))
     pairs_per_bucket = {length: len(example_ids_N)}
     rows_per_bucket = {length: plan.rows}
     padded_cells = plan.batches_per_epoch * plan.rows * length * 2
@@ -218,8 +217,8 @@ def make_train_dataset(data_config: DataConfig, tokenizer: Tokenizer, *, seed: i
     make = MakeIdsBatch(source, data_config, tokenizer.pad_id, shard_index=shard_index,
                          shard_count=shard_count)
   else:
-    make = MakeBatch(source, tokenizer, data_config, shard_index=shard_index,
-                      shard_count=shard_count)
+    make = MakeBatch(source, tokenizer, data_config, langs=langs, shard_index=shard_index,
+                     shard_count=shard_count)
   return plan.map(make), stats
 
 
@@ -236,10 +235,10 @@ def make_train_iterator(data_config: DataConfig, tokenizer: Tokenizer, *, seed: 
   same whatever the number of workers, packed or not, since the plan fixes every
   batch's pairs, and the state restores exactly with any number of workers.
   """
-  batches, _ = make_train_dataset(data_config, tokenizer, seed=seed, shard_index=shard_index,
-                                  shard_count=shard_count, num_epochs=num_epochs)
-  return TrainIterator(batches, read_options=read_options or DEFAULT_READ_OPTIONS,
-                       num_workers=data_config.num_workers)
+  return TrainIterator(
+      make_train_dataset(data_config, tokenizer, seed=seed, shard_index=shard_index,
+                         shard_count=shard_count, num_epochs=num_epochs)[0],
+      read_options=read_options or DEFAULT_READ_OPTIONS, num_workers=data_config.num_workers)
 
 
 class TrainIterator(grain.DatasetIterator):
@@ -320,8 +319,8 @@ def make_eval_batches(data_config: DataConfig, tokenizer: Tokenizer, *, split: s
   """
   _check_shard(data_config, shard_index, shard_count)
   pairs = sources.resolve(data_config, split or data_config.eval_split).pairs()
-  source_len_N, target_len_N = prepared.token_lengths(
-      pairs, tokenizer, langs=prepared.languages(data_config, tokenizer))
+  langs = prepared.languages(data_config, tokenizer)
+  source_len_N, target_len_N = prepared.token_lengths(pairs, tokenizer, langs=langs)
   too_long = int(((source_len_N > data_config.max_source_len)
                   | (target_len_N > data_config.max_target_len)).sum())
   if too_long:
@@ -339,4 +338,5 @@ def make_eval_batches(data_config: DataConfig, tokenizer: Tokenizer, *, split: s
     bucket = data_config.bucket_lengths[bucket_index(data_config, length_N[real].max())]
     plan.append(BucketItem(bucket, ids_B))
   return grain.MapDataset.source(plan).map(
-      MakeBatch(pairs, tokenizer, data_config, shard_index=shard_index, shard_count=shard_count))
+      MakeBatch(pairs, tokenizer, data_config, langs=langs, shard_index=shard_index,
+                shard_count=shard_count))

@@ -29,8 +29,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
+import os
 import pathlib
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -101,15 +104,15 @@ class SplitSource:
     counts.setdefault("empty_dropped", 0)
     data_config = self.data_config
     drop = data_config.empty_lines == "drop"
-    if self.shards is not None:
-      langs = (data_config.source_lang, data_config.target_lang)
-      for shard in self.shards:
-        yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
-                                             counts=counts)
+    if self.shards is None:
+      pairs = self.pairs()
+      yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop,
+                                   counts=counts)
       return
-    pairs = self.pairs()
-    yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop,
-                                 counts=counts)
+    langs = (data_config.source_lang, data_config.target_lang)
+    for shard in self.shards:
+      yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
+                                           counts=counts)
 
 
 def resolve(data_config: DataConfig, split: str | None = None) -> SplitSource:
@@ -142,14 +145,63 @@ def resolve(data_config: DataConfig, split: str | None = None) -> SplitSource:
 
 
 def train_file_shards(data_config: DataConfig) -> list[dict[str, pathlib.Path]]:
-  """``DataConfig.train_files`` matched: one ``{lang: path}`` per shard, sorted by name.
+  """``DataConfig.train_files`` matched: one ``{lang: path}`` per shard.
+
+  The pattern is a path glob with ``{lang}`` for the language code (e.g.
+  ``train-*.{lang}.gz``); a shard's two files agree on every wildcard. Shards are
+  sorted by the source language's path.
 
   Raises:
     DataError: nothing matches, or a shard of one language has no partner in the
       other (both paths named).
   """
-  return text_files.glob_aligned(data_config.train_files,
-                                 (data_config.source_lang, data_config.target_lang))
+  pattern = os.path.expanduser(data_config.train_files)
+  first, second = data_config.source_lang, data_config.target_lang
+  keys: dict[str, dict[tuple[str, ...], str]] = {}
+  for lang in (first, second):
+    regex = _glob_regex(pattern, lang)
+    keys[lang] = {}
+    for path in sorted(glob.glob(pattern.replace("{lang}", lang))):
+      match = regex.match(path)
+      if match:
+        keys[lang][match.groups()] = path
+  if not keys[first] and not keys[second]:
+    raise DataError(f"DataConfig.train_files={pattern!r} matches no file for {first} or {second}: "
+                    "check the path; '{lang}' stands for the language code")
+  for lang, other in ((first, second), (second, first)):
+    for key, path in keys[lang].items():
+      if key not in keys[other]:
+        partner = _fill(pattern, other, key)
+        raise DataError(f"{path} has no partner {partner}: every {lang} shard needs its "
+                        f"{other} translation, line by line; add it or move {path} away")
+  return [{first: pathlib.Path(keys[first][key]), second: pathlib.Path(keys[second][key])}
+          for key in sorted(keys[first], key=lambda k: keys[first][k])]
+
+
+def _glob_regex(pattern: str, lang: str) -> re.Pattern:
+  """A regex of ``pattern`` (``*``, ``?`` and ``[...]`` as in glob) with ``{lang}`` filled in;
+  each wildcard is a group."""
+  out = []
+  for piece in re.split(r"(\*|\?|\[[^\]]*\]|\{lang\})", pattern):
+    if piece == "*":
+      out.append("([^/]*)")
+    elif piece == "?":
+      out.append("([^/])")
+    elif piece.startswith("[") and piece.endswith("]") and len(piece) > 2:
+      body = piece[1:-1]
+      out.append("([" + ("^" + body[1:] if body.startswith("!") else body) + "])")
+    elif piece == "{lang}":
+      out.append(re.escape(lang))
+    else:
+      out.append(re.escape(piece))
+  return re.compile("".join(out) + r"\Z")
+
+
+def _fill(pattern: str, lang: str, groups: tuple[str, ...]) -> str:
+  """``pattern`` with ``{lang}`` and its wildcards filled in: the partner a shard lacks."""
+  values = iter(groups)
+  return re.sub(r"\*|\?|\[[^\]]*\]|\{lang\}",
+                lambda m: lang if m.group(0) == "{lang}" else next(values), pattern)
 
 
 def pair_range_chunks(pairs: Any, start: int, stop: int, *, chunk: int = _CHUNK,

@@ -8,13 +8,10 @@ an empty line, files of different line counts. Nothing is dropped or repaired.
 
 from __future__ import annotations
 
-import glob
 import gzip
 import hashlib
 import itertools
-import os
 import pathlib
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -169,69 +166,6 @@ def content_key(checksums: Mapping[str, str]) -> str:
   """
   listing = "\n".join(f"{name} {checksums[name]}" for name in sorted(checksums))
   return hashlib.sha256(listing.encode()).hexdigest()[:12]
-
-
-def _glob_regex(pattern: str, lang: str) -> re.Pattern:
-  """A regex of ``pattern`` (``*``, ``?`` and ``[...]`` as in glob) with ``{lang}`` filled in;
-  each wildcard is a group."""
-  out = []
-  for piece in re.split(r"(\*|\?|\[[^\]]*\]|\{lang\})", pattern):
-    if piece == "*":
-      out.append("([^/]*)")
-    elif piece == "?":
-      out.append("([^/])")
-    elif piece.startswith("[") and piece.endswith("]") and len(piece) > 2:
-      body = piece[1:-1]
-      out.append("([" + ("^" + body[1:] if body.startswith("!") else body) + "])")
-    elif piece == "{lang}":
-      out.append(re.escape(lang))
-    else:
-      out.append(re.escape(piece))
-  return re.compile("".join(out) + r"\Z")
-
-
-def glob_aligned(pattern: str, langs: Sequence[str]) -> list[dict[str, pathlib.Path]]:
-  """Pairs up the shard files of a glob with ``{lang}`` in it, e.g. ``train-*.{lang}.gz``.
-
-  Args:
-    pattern: a path glob; ``{lang}`` stands for the language code.
-    langs: the two languages.
-
-  Returns:
-    One ``{lang: path}`` per shard, sorted by the first language's path; both
-    paths agree on every wildcard.
-
-  Raises:
-    DataError: no file matches, or a shard has no partner in the other language.
-  """
-  pattern = os.path.expanduser(pattern)
-  found = {lang: sorted(glob.glob(pattern.replace("{lang}", lang))) for lang in langs}
-  keys: dict[str, dict[tuple[str, ...], str]] = {}
-  for lang, paths in found.items():
-    regex = _glob_regex(pattern, lang)
-    keys[lang] = {}
-    for path in paths:
-      match = regex.match(path)
-      if match:
-        keys[lang][match.groups()] = path
-  first, second = langs
-  if not keys[first] and not keys[second]:
-    raise DataError(f"DataConfig.train_files={pattern!r} matches no file for {first} or {second}: "
-                    "check the path; '{lang}' stands for the language code")
-  for lang, other in ((first, second), (second, first)):
-    for key, path in keys[lang].items():
-      if key not in keys[other]:
-        partner = _fill(pattern, other, key)
-        raise DataError(f"{path} has no partner {partner}: every {lang} shard needs its "
-                        f"{other} translation, line by line; add it or move {path} away")
-  return [{first: pathlib.Path(keys[first][key]), second: pathlib.Path(keys[second][key])}
-          for key in sorted(keys[first], key=lambda k: keys[first][k])]
-
-
-def _fill(pattern: str, lang: str, groups: tuple[str, ...]) -> str:
-  values = iter(groups)
-  return re.sub(r"\*|\?|\[[^\]]*\]|\{lang\}",
-                lambda m: lang if m.group(0) == "{lang}" else next(values), pattern)
 
 
 def _open_lines(path: pathlib.Path):
