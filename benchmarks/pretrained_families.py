@@ -24,7 +24,7 @@ infinity (``check_finite``), alternated.
 
   python benchmarks/pretrained_families.py [--out FILE.json] [--plot FILE.png] [--rounds N] [--skip-hf]
   python benchmarks/pretrained_families.py --loads-only   # only the loads' peak memory
-  SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_families.py   # tiny sizes, for CI
+  SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_families.py   # tiny sizes, batch 32 only: for CI
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def settings(quick: bool) -> dict:
                                ffn=64, spm_pieces=1000, spm_vocab_size=500),
         "mBART-sized": dict(model_dim=32, layers=1, heads=2, ffn=64, spm_pieces=1000,
                             spm_vocab_size=500, max_positions=64)},
-        sentences={32: 32, 1: 2}, source_len=(6, 12), output_len=8, rounds=2, load_rounds=1,
+        sentences={32: 32}, source_len=(6, 12), output_len=8, rounds=2, load_rounds=1,
         shard_bytes=20_000)
   return dict(models={"T5-small-sized": {}, "mBART-sized": {}}, sentences={32: 64, 1: 4},
               source_len=(10, 30), output_len=32, rounds=3, load_rounds=3,
