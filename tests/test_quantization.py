@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seq2seq_jax import quantization
+from seq2seq_jax import platforms, quantization
 from seq2seq_jax.configs import DecodeConfig, RNNConfig, T5Config, TransformerConfig
 from seq2seq_jax.decoding import generate, generate_uncached
 from seq2seq_jax.layers import quantized
@@ -182,3 +182,41 @@ def test_models_and_modes_that_cannot_be_quantized_are_named():
   with pytest.raises(ValueError, match="quantized already"):
     quantization.quantize(int8_model, int8_params, "int8")
   assert quantization.quantize(model, params, "none") == (model, params)
+
+
+def _int8_weight(w, channel_axis):
+  import qwix  # noqa: PLC0415
+  from qwix._src.providers import ptq  # noqa: PLC0415
+
+  return ptq.WithAux(qwix.quantize(jnp.asarray(w), jnp.int8, channelwise_axes=(channel_axis,),
+                                   calibration_method=quantized.CALIBRATION),
+                     quantization._table_how(channel_axis))
+
+
+@pytest.mark.parametrize("rows", [1, 8, 32, 40])
+@pytest.mark.parametrize("weight_axes", ["VD", "DV"])
+def test_int8_logits_are_the_int8_equations_in_either_layout(rows, weight_axes):
+  # Against float64 NumPy: activations per row and weights per id rounded to absmax / 127,
+  # the integer product, both scales, the bias. On the CPU, 2 to VOCAB_MAJOR_MAX_ROWS rows
+  # are computed vocabulary-major ([V, N] int32 product) and handed over transposed.
+  vocab, dim = 301, D
+  rng = np.random.default_rng(rows)
+  x_ND = rng.standard_normal((rows, dim)).astype(np.float32)
+  table_VD = rng.standard_normal((vocab, dim)).astype(np.float32)
+  bias_V = rng.standard_normal(vocab).astype(np.float32)
+  weight = _int8_weight(table_VD if weight_axes == "VD" else table_VD.T,
+                        0 if weight_axes == "VD" else 1)
+  program = jax.jit(lambda x, w, b: quantized.logits(x, w, weight_axes, b))
+  out = np.asarray(program(x_ND, weight, bias_V))
+
+  def rounded(a, axis):
+    scale = np.abs(a.astype(np.float64)).max(axis=axis, keepdims=True) / 127
+    return np.clip(np.round(a / scale), -127, 127), scale
+
+  qx, sx = rounded(x_ND, 1)
+  qw, sw = rounded(table_VD, 1)
+  reference = (qx @ qw.T) * sx * sw.T + bias_V
+  np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+  hlo = program.lower(x_ND, weight, bias_V).as_text(dialect="hlo")
+  vocab_major = f"s32[{vocab},{rows}]" in hlo
+  assert vocab_major == (1 < rows <= platforms.VOCAB_MAJOR_MAX_ROWS), hlo
