@@ -523,10 +523,12 @@ def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: Data
   start = time.perf_counter()
   shard_lengths: list[np.ndarray] = []
   shard_lines: list[list[np.ndarray]] = []
-  counts: dict[str, int] = {}
+  dropped = 0  # pairs with an empty side left out (DataConfig.empty_lines="drop")
   writer: ShardWriter | None = None
-  for lines_C, texts, targets in location.source.chunks(counts=counts):
-    source_ids, target_ids = encode_pairs(tokenizer, location.langs, texts, targets)
+  for chunk in location.source:  # the split's text in order (sources.TextChunk), read once
+    dropped += chunk.dropped
+    source_ids, target_ids = encode_pairs(tokenizer, location.langs, chunk.sources,
+                                          chunk.targets)
     taken = 0
     while taken < len(source_ids):  # a chunk may straddle two shards
       if writer is None:
@@ -534,7 +536,7 @@ def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: Data
         shard_lines.append([])
       room = records_per_shard - writer.count
       writer.write(source_ids[taken:taken + room], target_ids[taken:taken + room])
-      shard_lines[-1].append(lines_C[taken:taken + room])
+      shard_lines[-1].append(chunk.lines_C[taken:taken + room])
       taken += room
       if writer.count == records_per_shard:
         shard_lengths.append(writer.close())
@@ -545,15 +547,14 @@ def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: Data
       shard_lines.append([])
     shard_lengths.append(writer.close())
   lines = [np.concatenate(parts) if parts else np.zeros(0, np.int64) for parts in shard_lines]
+  total = sum(len(x) for x in shard_lengths)
   meta = location.meta(tokenizer, data_config)
   meta["records_per_shard"] = records_per_shard
-  meta.update(writer="local", lines_read=counts["lines"], empty_dropped=counts["empty_dropped"])
-  if counts["empty_dropped"]:
+  meta.update(writer="local", lines_read=total + dropped, empty_dropped=dropped)
+  if dropped:
     _log.warning("left out %d of %d pairs of %s:%s with an empty side (DataConfig.empty_lines="
-                 "'drop')", counts["empty_dropped"], counts["lines"], location.corpus,
-                 location.split)
+                 "'drop')", dropped, total + dropped, location.corpus, location.split)
   finalize(temporary, shard_lengths=shard_lengths, shard_lines=lines, meta=meta)
-  total = sum(len(x) for x in shard_lengths)
   _log.info("prepared %d pairs of %s:%s as ids in %s (%.1f s)", total, location.corpus,
             location.split, location.directory, time.perf_counter() - start)
 
