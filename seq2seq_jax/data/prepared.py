@@ -83,6 +83,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -92,17 +93,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data.sources import SplitSource, resolve
 from seq2seq_jax.data.text_files import DataError
-
-if TYPE_CHECKING:
-  from seq2seq_jax.data.builders import TextPairs
 
 FORMAT_VERSION = 1
 RECORDS_PER_SHARD = 1_000_000
@@ -144,23 +142,28 @@ def encode_pairs(tokenizer: Any, langs: tuple[str | None, str | None], sources: 
   return encode_sources(tokenizer, sources, langs), tokenizer.encode_target(list(targets), langs[1])
 
 
-def token_lengths(pairs: TextPairs, tokenizer: Any, *, chunk: int = 4096,
+def token_lengths(pairs: Iterable[tuple[str, str]], tokenizer: Any, *, chunk: int = 4096,
                   langs: tuple[str | None, str | None] = (None, None)
                   ) -> tuple[np.ndarray, np.ndarray]:
-  """Token counts (EOS included) of every pair; ``langs`` see ``languages``.
+  """Token counts (EOS included) of every pair, tokenized ``chunk`` pairs at a time.
+
+  Args:
+    pairs: ``(source, target)`` sentences in order, e.g. a ``builders.TextPairs``.
+    tokenizer: the run's tokenizer.
+    chunk: pairs a call of the tokenizer encodes.
+    langs: the language codes it is given (see ``languages``).
 
   Returns:
-    ``(source_len_N, target_len_N)``, int32 ``[N]`` each, in file order.
+    ``(source_len_N, target_len_N)``, int32 ``[N]`` each, in the order of ``pairs``.
   """
-  source_len_N = np.zeros(len(pairs), np.int32)
-  target_len_N = np.zeros(len(pairs), np.int32)
-  for start in range(0, len(pairs), chunk):
-    batch = pairs.__getitems__(list(range(start, min(start + chunk, len(pairs)))))
-    stop = start + len(batch)
+  source_len: list[int] = []
+  target_len: list[int] = []
+  read = iter(pairs)
+  while batch := list(itertools.islice(read, chunk)):
     texts, targets = [s for s, _ in batch], [t for _, t in batch]
-    source_len_N[start:stop] = [len(ids) for ids in encode_sources(tokenizer, texts, langs)]
-    target_len_N[start:stop] = [len(ids) for ids in tokenizer.encode_target(targets, langs[1])]
-  return source_len_N, target_len_N
+    source_len.extend(len(ids) for ids in encode_sources(tokenizer, texts, langs))
+    target_len.extend(len(ids) for ids in tokenizer.encode_target(targets, langs[1]))
+  return np.asarray(source_len, np.int32), np.asarray(target_len, np.int32)
 
 
 def tokenizer_key(tokenizer: Any, langs: tuple[str | None, str | None] = (None, None)) -> str:

@@ -265,6 +265,5 @@ class EvalText:
 
 def load_eval_text(data_config: DataConfig, split: str | None = None) -> EvalText:
   """Source sentences and references of a split, in file order, untokenized."""
-  pairs = resolve(data_config, split or data_config.eval_split).pairs()
-  texts = pairs.__getitems__(list(range(len(pairs))))
+  texts = list(resolve(data_config, split or data_config.eval_split).pairs())
   return EvalText(sources=[s for s, _ in texts], references=[t for _, t in texts])
