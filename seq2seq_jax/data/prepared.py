@@ -33,11 +33,13 @@ dropped instead of refused, get another folder and are never read by mistake.
 ``name`` of the split's ``sources.SplitSource``, which ``ids_location`` resolves
 once (``source_location`` takes one resolved already) and the writers read.
 
-Writers: ``prepare_ids`` writes in this process (shards of ``records_per_shard``
-pairs; ``prepare_source`` for a resolved source); ``seq2seq_jax.data.beam`` writes
-the same shards from an Apache Beam pipeline. Both go through ``encode_pairs``,
-``write_shard`` and ``finalize``, so they write the same ids. A folder is written
-under a temporary name, ``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...``
+Writers: ``prepare_ids`` writes in this process the text the split's source hands
+over (iterating the ``SplitSource``: chunks of ``sources.TextChunk``, which count
+the pairs dropped), in shards of ``records_per_shard`` pairs (``prepare_source`` for
+a resolved source); ``seq2seq_jax.data.beam`` writes the same shards from an Apache
+Beam pipeline. Both go through ``encode_pairs``, ``write_shard`` and ``finalize``,
+so they write the same ids. A folder is written under a temporary
+name, ``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...``
 for Beam), and renamed when complete (``publish``); the writer holds a lock file inside it
 (``writer.lock``) for as long as it writes, and touches it every ``HEARTBEAT_S``
 seconds. Local writers take the folder's lock (``{key}.lock``, ``ids_lock``) for
