@@ -3,12 +3,13 @@ ids prepared once, grain pipelines.
 
 The path runs one way, a module a stage, each importing only those before it:
 ``sources`` (where a corpus's text comes from, on ``text_files`` and the tfds
-``builders``) -> ``prepared`` (token ids written once; ``beam`` writes the same from
-an Apache Beam pipeline) -> ``packing`` (the packer, its cache, the packed plan) ->
-``batches`` (the bucket plan, a batch's rows built from ids) -> ``iterators``
-(training and evaluation). ``tokenizer`` trains the vocabulary on a source;
-``plans`` holds what packing's and the bucket plans share (``bucket_rows``, the epoch plan); the old
-``pipeline`` module re-exports its names from their new homes.
+``builders``; it hands the text on in chunks) -> ``prepared`` (token ids written once
+from those chunks; ``beam`` writes the same from an Apache Beam pipeline) ->
+``packing`` (the packer, its cache, the packed plan) -> ``batches`` (the bucket plan, a
+batch's rows built from ids or text) -> ``iterators`` (training and evaluation).
+``tokenizer`` trains the vocabulary on a source; ``plans`` holds what packing's and the
+bucket plans share (``bucket_rows``, the epoch plan); the old ``pipeline`` module
+re-exports its names from their new homes.
 
 Prepared data lives under ``DataConfig.data_dir`` (``""`` means
 ``~/.cache/seq2seq_jax/tfds``): the text as tfds prepared it, and under ``ids/``

@@ -33,11 +33,13 @@ dropped instead of refused, get another folder and are never read by mistake.
 ``name`` of the split's ``sources.SplitSource``, which ``ids_location`` resolves
 once (``source_location`` takes one resolved already) and the writers read.
 
-Writers: ``prepare_ids`` writes in this process (shards of ``records_per_shard``
-pairs; ``prepare_source`` for a resolved source); ``seq2seq_jax.data.beam`` writes
-the same shards from an Apache Beam pipeline. Both go through ``encode_pairs``,
-``write_shard`` and ``finalize``, so they write the same ids. A folder is written
-under a temporary name, ``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...``
+Writers: ``prepare_ids`` writes in this process the text the split's source hands
+over (iterating the ``SplitSource``: chunks of ``sources.TextChunk``, which count
+the pairs dropped), in shards of ``records_per_shard`` pairs (``prepare_source`` for
+a resolved source); ``seq2seq_jax.data.beam`` writes the same shards from an Apache
+Beam pipeline. Both go through ``encode_pairs``, ``write_shard`` and ``finalize``,
+so they write the same ids. A folder is written under a temporary
+name, ``{key}.partial-{host}-{pid}-{random}`` (``.partial-beam-...``
 for Beam), and renamed when complete (``publish``); the writer holds a lock file inside it
 (``writer.lock``) for as long as it writes, and touches it every ``HEARTBEAT_S``
 seconds. Local writers take the folder's lock (``{key}.lock``, ``ids_lock``) for
@@ -83,6 +85,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -92,17 +95,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from seq2seq_jax.configs import DataConfig
 from seq2seq_jax.data.sources import SplitSource, resolve
 from seq2seq_jax.data.text_files import DataError
-
-if TYPE_CHECKING:
-  from seq2seq_jax.data.builders import TextPairs
 
 FORMAT_VERSION = 1
 RECORDS_PER_SHARD = 1_000_000
@@ -144,23 +144,28 @@ def encode_pairs(tokenizer: Any, langs: tuple[str | None, str | None], sources: 
   return encode_sources(tokenizer, sources, langs), tokenizer.encode_target(list(targets), langs[1])
 
 
-def token_lengths(pairs: TextPairs, tokenizer: Any, *, chunk: int = 4096,
+def token_lengths(pairs: Iterable[tuple[str, str]], tokenizer: Any, *, chunk: int = 4096,
                   langs: tuple[str | None, str | None] = (None, None)
                   ) -> tuple[np.ndarray, np.ndarray]:
-  """Token counts (EOS included) of every pair; ``langs`` see ``languages``.
+  """Token counts (EOS included) of every pair, tokenized ``chunk`` pairs at a time.
+
+  Args:
+    pairs: ``(source, target)`` sentences in order, e.g. a ``builders.TextPairs``.
+    tokenizer: the run's tokenizer.
+    chunk: pairs a call of the tokenizer encodes.
+    langs: the language codes it is given (see ``languages``).
 
   Returns:
-    ``(source_len_N, target_len_N)``, int32 ``[N]`` each, in file order.
+    ``(source_len_N, target_len_N)``, int32 ``[N]`` each, in the order of ``pairs``.
   """
-  source_len_N = np.zeros(len(pairs), np.int32)
-  target_len_N = np.zeros(len(pairs), np.int32)
-  for start in range(0, len(pairs), chunk):
-    batch = pairs.__getitems__(list(range(start, min(start + chunk, len(pairs)))))
-    stop = start + len(batch)
+  source_len: list[int] = []
+  target_len: list[int] = []
+  read = iter(pairs)
+  while batch := list(itertools.islice(read, chunk)):
     texts, targets = [s for s, _ in batch], [t for _, t in batch]
-    source_len_N[start:stop] = [len(ids) for ids in encode_sources(tokenizer, texts, langs)]
-    target_len_N[start:stop] = [len(ids) for ids in tokenizer.encode_target(targets, langs[1])]
-  return source_len_N, target_len_N
+    source_len.extend(len(ids) for ids in encode_sources(tokenizer, texts, langs))
+    target_len.extend(len(ids) for ids in tokenizer.encode_target(targets, langs[1]))
+  return np.asarray(source_len, np.int32), np.asarray(target_len, np.int32)
 
 
 def tokenizer_key(tokenizer: Any, langs: tuple[str | None, str | None] = (None, None)) -> str:
@@ -523,10 +528,12 @@ def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: Data
   start = time.perf_counter()
   shard_lengths: list[np.ndarray] = []
   shard_lines: list[list[np.ndarray]] = []
-  counts: dict[str, int] = {}
+  dropped = 0  # pairs with an empty side left out (DataConfig.empty_lines="drop")
   writer: ShardWriter | None = None
-  for lines_C, texts, targets in location.source.chunks(counts=counts):
-    source_ids, target_ids = encode_pairs(tokenizer, location.langs, texts, targets)
+  for chunk in location.source:  # the split's text in order (sources.TextChunk), read once
+    dropped += chunk.dropped
+    source_ids, target_ids = encode_pairs(tokenizer, location.langs, chunk.sources,
+                                          chunk.targets)
     taken = 0
     while taken < len(source_ids):  # a chunk may straddle two shards
       if writer is None:
@@ -534,7 +541,7 @@ def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: Data
         shard_lines.append([])
       room = records_per_shard - writer.count
       writer.write(source_ids[taken:taken + room], target_ids[taken:taken + room])
-      shard_lines[-1].append(lines_C[taken:taken + room])
+      shard_lines[-1].append(chunk.lines_C[taken:taken + room])
       taken += room
       if writer.count == records_per_shard:
         shard_lengths.append(writer.close())
@@ -545,15 +552,14 @@ def _write_ids(temporary: pathlib.Path, location: IdsLocation, data_config: Data
       shard_lines.append([])
     shard_lengths.append(writer.close())
   lines = [np.concatenate(parts) if parts else np.zeros(0, np.int64) for parts in shard_lines]
+  total = sum(len(x) for x in shard_lengths)
   meta = location.meta(tokenizer, data_config)
   meta["records_per_shard"] = records_per_shard
-  meta.update(writer="local", lines_read=counts["lines"], empty_dropped=counts["empty_dropped"])
-  if counts["empty_dropped"]:
+  meta.update(writer="local", lines_read=total + dropped, empty_dropped=dropped)
+  if dropped:
     _log.warning("left out %d of %d pairs of %s:%s with an empty side (DataConfig.empty_lines="
-                 "'drop')", counts["empty_dropped"], counts["lines"], location.corpus,
-                 location.split)
+                 "'drop')", dropped, total + dropped, location.corpus, location.split)
   finalize(temporary, shard_lengths=shard_lengths, shard_lines=lines, meta=meta)
-  total = sum(len(x) for x in shard_lengths)
   _log.info("prepared %d pairs of %s:%s as ids in %s (%.1f s)", total, location.corpus,
             location.split, location.directory, time.perf_counter() - start)
 

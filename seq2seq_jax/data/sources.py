@@ -9,11 +9,13 @@ packing's and the bucket plans share).
 ``SplitSource``: the user's own files (``DataConfig.train_files``, matched into shards,
 for the training split) or the tfds builder of the corpus (``multi30k``,
 ``parallel_text``, ``tfds:NAME``), the data dir, and the corpus's name in prepared
-folders. The later stages take that result: ``prepared`` names its folder after it and
-writes the ids from ``chunks()``, ``beam`` spreads its shards or ranges over workers,
-``tokenizer`` trains on it, ``iterators`` read ``pairs()`` (the corpus is prepared
-there, once, when first read). ``load_eval_text`` gives a split's raw sentences (for
-BLEU).
+folders. The later stages take that result, and it hands them the text as data: a
+``SplitSource`` is iterable, its pairs in order a ``TextChunk`` at a time (the
+empty-lines rule applied, what it dropped counted in the chunks themselves).
+``prepared`` names its folder after the source and writes those chunks as ids,
+``tokenizer`` trains on the first of them, ``beam`` spreads the shards or ranges over
+workers, and ``pairs()`` gives the tfds split (prepared once, when first read) for
+random access. ``load_eval_text`` gives a split's raw sentences (for BLEU).
 
 Example:
   >>> config = DataConfig(manual_dir="../shared/data/multi30k_tiny", vocab_size=500)
@@ -24,6 +26,9 @@ Example:
   Downloading and preparing dataset ...
   >>> len(pairs), load_eval_text(config).sources[0] == pairs[0][0]
   (50, True)
+  >>> chunk = next(iter(source))  # the text in order, a TextChunk at a time
+  >>> len(chunk.sources), chunk.dropped, chunk.sources[0] == pairs[0][0]
+  (50, 0, True)
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import os
 import pathlib
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -49,9 +54,20 @@ if TYPE_CHECKING:
 _CHUNK = 4096  # pairs read per chunk
 
 
+class TextChunk(NamedTuple):
+  """Pairs of a split in file order, as iterating its ``SplitSource`` reads them."""
+
+  lines_C: np.ndarray  # int64 [C]: each kept pair's 0-based line in the whole split
+  sources: list[str]  # [C] source sentences
+  targets: list[str]  # [C] target sentences
+  dropped: int  # pairs with an empty side left out since the chunk before (empty_lines="drop")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SplitSource:
   """One split of a corpus and where its text comes from (``resolve`` works it out).
+
+  Iterating it reads the text: the pairs in order, a ``TextChunk`` at a time.
 
   Attributes:
     data_config: the corpus, the languages, ``data_dir`` and ``empty_lines``.
@@ -90,29 +106,33 @@ class SplitSource:
     return builders.split_pairs(builders.prepare_builder(builder, self.data_config),
                                 self.data_config, self.split)
 
-  def chunks(self, *, chunk: int = _CHUNK, counts: dict[str, int] | None = None
-             ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
-    """The split's pairs in order, ``chunk`` at a time: ``(lines_C, sources, targets)``.
+  def __iter__(self) -> Iterator[TextChunk]:
+    """The split's pairs in order, ``_CHUNK`` at a time: the text ``prepared`` writes as ids.
 
     A pair with an empty (or blank) side is refused (``DataError`` naming the file and
-    line, or the split and pair) or, with ``DataConfig.empty_lines="drop"``, left out
-    and counted in ``counts["empty_dropped"]``; ``counts["lines"]`` is the number of
-    pairs read. ``lines_C`` are the 0-based lines (in the whole split) of the pairs kept.
+    line, or the split and pair) or, with ``DataConfig.empty_lines="drop"``, left out and
+    counted in the ``dropped`` of the next chunk; a last chunk without pairs counts those
+    after the last pair kept. So the chunks' pairs and their ``dropped`` add up to every
+    pair read, and a pass needs no counter beside it.
     """
-    counts = {} if counts is None else counts
-    counts.setdefault("lines", 0)
-    counts.setdefault("empty_dropped", 0)
     data_config = self.data_config
     drop = data_config.empty_lines == "drop"
+    counts: dict[str, int] = {"lines": 0, "empty_dropped": 0}
     if self.shards is None:
       pairs = self.pairs()
-      yield from pair_range_chunks(pairs, 0, len(pairs), chunk=chunk, drop_empty=drop,
-                                   counts=counts)
-      return
-    langs = (data_config.source_lang, data_config.target_lang)
-    for shard in self.shards:
-      yield from text_files.stream_aligned(shard, langs, chunk=chunk, drop_empty=drop,
-                                           counts=counts)
+      chunks = pair_range_chunks(pairs, 0, len(pairs), chunk=_CHUNK, drop_empty=drop,
+                                 counts=counts)
+    else:
+      langs = (data_config.source_lang, data_config.target_lang)
+      chunks = (chunk for shard in self.shards
+                for chunk in text_files.stream_aligned(shard, langs, chunk=_CHUNK,
+                                                       drop_empty=drop, counts=counts))
+    counted = 0  # the pairs dropped that a chunk has reported
+    for lines_C, sources, targets in chunks:
+      yield TextChunk(lines_C, sources, targets, dropped=counts["empty_dropped"] - counted)
+      counted = counts["empty_dropped"]
+    if counts["empty_dropped"] > counted:
+      yield TextChunk(np.zeros(0, np.int64), [], [], dropped=counts["empty_dropped"] - counted)
 
 
 def resolve(data_config: DataConfig, split: str | None = None) -> SplitSource:
@@ -209,7 +229,7 @@ def pair_range_chunks(pairs: Any, start: int, stop: int, *, chunk: int = _CHUNK,
                       ) -> Iterator[tuple[np.ndarray, list[str], list[str]]]:
   """Pairs ``start`` to ``stop`` of a tfds split (``builders.TextPairs``), ``chunk`` at a time.
 
-  The tfds half of ``SplitSource.chunks``; the Beam pipeline reads one range per element.
+  The tfds half of iterating a ``SplitSource``; the Beam pipeline reads one range per element.
 
   Yields:
     ``(lines_C, sources, targets)``: the 0-based indices in the split of the pairs kept.
@@ -245,6 +265,5 @@ class EvalText:
 
 def load_eval_text(data_config: DataConfig, split: str | None = None) -> EvalText:
   """Source sentences and references of a split, in file order, untokenized."""
-  pairs = resolve(data_config, split or data_config.eval_split).pairs()
-  texts = pairs.__getitems__(list(range(len(pairs))))
+  texts = list(resolve(data_config, split or data_config.eval_split).pairs())
   return EvalText(sources=[s for s, _ in texts], references=[t for _, t in texts])

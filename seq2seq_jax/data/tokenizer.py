@@ -208,12 +208,14 @@ def training_sentences(pairs, *, max_pairs: int = MAX_TRAINING_PAIRS,
 
 
 def _first_sentences(chunks, max_pairs: int = MAX_TRAINING_PAIRS) -> Iterator[str]:
+  """Source and target sentences of the first ``max_pairs`` pairs of ``chunks`` (a
+  ``sources.SplitSource``, read in order)."""
   taken = 0
-  for _, sources, targets in chunks:
-    for source, target in zip(sources[:max_pairs - taken], targets[:max_pairs - taken]):
+  for chunk in chunks:
+    for source, target in zip(chunk.sources[:max_pairs - taken], chunk.targets[:max_pairs - taken]):
       yield source
       yield target
-    taken += min(len(sources), max_pairs - taken)
+    taken += min(len(chunk.sources), max_pairs - taken)
     if taken >= max_pairs:
       return
 
@@ -229,7 +231,7 @@ def train_tokenizer(data_config: DataConfig, *, model_type: str = "unigram") -> 
   from seq2seq_jax.data import sources  # builders import tfds; keep this module light
   source = sources.resolve(data_config, data_config.train_split)
   if data_config.train_files:
-    tokenizer = train_tokenizer_from_text(_first_sentences(source.chunks()),
+    tokenizer = train_tokenizer_from_text(_first_sentences(source),
                                           data_config.vocab_size, model_type=model_type)
     _log.info("trained a %d-piece sentencepiece vocabulary on %s", tokenizer.vocab_size,
               data_config.train_files)

@@ -41,6 +41,12 @@ def test_tiny_reads_back_in_file_order(tiny_config, multi30k_tiny):
     assert got == expected, split  # line i of X.de pairs with line i of X.en, in file order
 
 
+def test_iterating_pairs_reads_them_in_file_order(tiny_config, monkeypatch):
+  monkeypatch.setattr(builders, "_BLOCK", 7)  # 300 pairs: 42 blocks of 7 and one of 6
+  pairs = builders.load_split(tiny_config, "train")
+  assert list(pairs) == [pairs[i] for i in range(len(pairs))] and len(list(pairs)) == 300
+
+
 def test_reversed_direction_shares_the_prepared_copy(tiny_config):
   forward = builders.prepare_dataset(tiny_config)
   backward_config = DataConfig(manual_dir=tiny_config.manual_dir, data_dir=tiny_config.data_dir,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from seq2seq_jax.configs import DataConfig
-from seq2seq_jax.data import builders, packing, pipeline, prepared, tokenizer as tokenizer_lib
+from seq2seq_jax.data import builders, packing, pipeline, prepared, sources
+from seq2seq_jax.data import tokenizer as tokenizer_lib
 from seq2seq_jax.data.text_files import DataError
 from tests.data.conftest import (age_folder, folder_bytes, kill_a_prepare, partial_folders,
                                  write_lines)
@@ -298,6 +299,25 @@ def test_train_files_give_the_same_ids_as_the_tfds_corpus(ids_config, tiny_token
   everything = np.arange(300)
   np.testing.assert_array_equal(from_tfds.flat(everything), from_files.flat(everything))
   np.testing.assert_array_equal(from_tfds.line_N, from_files.line_N)
+
+
+def test_every_pair_read_is_counted_kept_or_dropped(ids_config, tiny_tokenizer, tmp_path,
+                                                     sharded_files, monkeypatch):
+  """A pass over the text reports the pairs it dropped in its chunks, those after the last pair
+  kept in a last chunk without pairs: the ids' meta.json counts every line read."""
+  folder, lines = sharded_files
+  monkeypatch.setattr(sources, "_CHUNK", 33)  # chunks end inside the shards
+  write_lines(folder / "train-0.en", lines["en"][:60] + [""] + lines["en"][61:120])
+  write_lines(folder / "train-2.de", lines["de"][200:299] + [" "])  # the split's last line
+  config = dataclasses.replace(_with_data_dir(ids_config, tmp_path), empty_lines="drop",
+                               train_files=str(folder / "train-*.{lang}*"))
+  chunks = list(sources.resolve(config))
+  assert [len(chunk.sources) for chunk in chunks] == [33, 33, 33, 20, 33, 33, 14, 33, 33, 33, 0]
+  assert [chunk.dropped for chunk in chunks if chunk.dropped] == [1, 1]
+  assert chunks[-1].dropped == 1 and not len(chunks[-1].lines_C)
+  ids = prepared.prepare_ids(config, tiny_tokenizer)
+  assert len(ids) == 298 and (ids.meta["lines_read"], ids.meta["empty_dropped"]) == (300, 2)
+  assert 60 not in ids.line_N and ids.line_N[-1] == 298
 
 
 def test_train_files_bad_input_is_named(ids_config, tiny_tokenizer, tmp_path, sharded_files):
