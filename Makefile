@@ -64,8 +64,10 @@ test:
 	$(MAKE) -j2 --output-sync=target test-pinned typecheck docs test-beam test-cuda test-latest
 
 .PHONY: test-pinned
+# --dist worksteal: a worker that runs out of tests takes pending ones from the other, so
+# the run does not end with one worker busy on a long file while the other idles.
 test-pinned: $(STAMP)
-	$(PY) -m pytest -n 2 --durations=40 tests
+	$(PY) -m pytest -n 2 --dist worksteal --durations=40 tests
 
 test-cuda: $(STAMP) $(CUDA_STAMP)
 	PYTHONPATH=$(CURDIR)/$(CUDA_DIR) JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 \

@@ -79,7 +79,6 @@ def _probe(flags: str, size: dict) -> dict:
   env["XLA_FLAGS"] = " ".join(
       f for f in (env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8",
                                                    "").strip(), flags) if f)
-  env["SEQ2SEQ_JAX_CPU_FLAGS"] = "0"  # exactly these flags, not the library's choice
   result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(size)], env=env,
                           capture_output=True, text=True, check=False)
   if result.returncode:
@@ -96,8 +95,17 @@ def main() -> None:
   parser = benchmarking.argument_parser(__file__, __doc__)
   parser.add_argument("--rounds", type=int, default=None)
   parser.add_argument("--model", choices=("opus-mt", "small"), default="opus-mt")
+  parser.add_argument("--flag-sets", default=None,
+                      help="comma-separated names of FLAG_SETS to time (default: all); "
+                           "'default' is always timed")
   args = benchmarking.parse_args(parser)
   s = settings(benchmarking.quick_mode())
+  if args.flag_sets:
+    chosen = [n.strip() for n in args.flag_sets.split(",") if n.strip()]
+    unknown = sorted(set(chosen) - set(FLAG_SETS))
+    if unknown:
+      parser.error(f"--flag-sets: unknown {', '.join(unknown)}; known: {', '.join(FLAG_SETS)}")
+    s = dict(s, flag_sets=["default"] + [n for n in chosen if n != "default"])
   if args.model == "small":
     s = dict(s, size=dict(s["size"], vocab=8000, dim=256, heads=4, ffn=1024, layers=3))
   rounds = args.rounds or s["rounds"]

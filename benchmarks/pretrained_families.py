@@ -23,6 +23,7 @@ of the parameters; and the load time with and without the check for NaN and
 infinity (``check_finite``), alternated.
 
   python benchmarks/pretrained_families.py [--out FILE.json] [--plot FILE.png] [--rounds N] [--skip-hf]
+      [--models T5-small-sized,mBART-sized] [--sentences 32:64,1:4]
   python benchmarks/pretrained_families.py --loads-only   # only the loads' peak memory
   SEQ2SEQ_JAX_QUICK=1 python benchmarks/pretrained_families.py   # tiny sizes, batch 32 only: for CI
 """
@@ -175,10 +176,27 @@ def main() -> None:
   parser.add_argument("--loads-only", action="store_true",
                       help="measure only the loads' peak memory (no timing: memory does not "
                       "depend on what else runs on the machine)")
+  parser.add_argument("--models", default=None,
+                      help="comma-separated models to time (default: all); 'T5-small-sized', "
+                           "'mBART-sized'")
+  parser.add_argument("--sentences", default=None,
+                      help="batch:sources pairs, e.g. '32:32,1:4' (default: the mode's)")
   started = runtimes.start(parser, "pretrained_families", settings(benchmarking.quick_mode()))
   if started is None:
     return
   args, s, (ctranslate2, torch, transformers) = started
+  if args.models:
+    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(s["models"]))
+    if unknown:
+      parser.error(f"--models: unknown {', '.join(unknown)}; known: {', '.join(s['models'])}")
+    s = dict(s, models={m: s["models"][m] for m in chosen})
+  if args.sentences:
+    try:
+      sentences = {int(b): int(n) for b, n in (pair.split(":") for pair in args.sentences.split(","))}
+    except ValueError:
+      parser.error(f"--sentences={args.sentences!r}: give batch:sources pairs, e.g. '32:32,1:4'")
+    s = dict(s, sentences=sentences)
   threads = os.cpu_count() or 1
   out_len = s["output_len"]
   rows, agreement, loads, checks = [], {}, [], []

@@ -132,7 +132,10 @@ def test_pretrained_opus_mt_quick(tmp_path):
 @pytest.mark.slow
 @NEEDS_BENCH_EXTRA
 def test_pretrained_families_quick(tmp_path):
-  payload = _run("pretrained_families", tmp_path)
+  # --models and --sentences as quick mode has them: the options' parsing on the way.
+  payload = _run("pretrained_families", tmp_path, "--models", "T5-small-sized,mBART-sized",
+                 "--sentences", "32:32")
+  assert payload["settings"]["sentences"] == {"32": 32}
   models = ("T5-small-sized", "mBART-sized")
   # Quick mode times batch 32 alone (batch 1 is the same loop; pretrained_opus_mt's quick
   # run above times both through the shared benchmark_runtimes.compare_batches).
@@ -258,10 +261,19 @@ def test_attention_kernels_quick(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_flags_quick(tmp_path):
-  payload = _run("cpu_flags", tmp_path)
+  payload = _run("cpu_flags", tmp_path, "--flag-sets", "onednn")
+  assert payload["settings"]["flag_sets"] == ["default", "onednn"]
   rows = {(r["system"], r["task"]): r for r in payload["rows"]}
   for flags in ("default", "onednn"):
     for task in ("float32 batch 32", "int8 batch 32", "bfloat16 batch 1", "int8 batch 1"):
       assert rows[flags, task]["tokens/s"] > 0
   assert all(rows["default", task]["x default"] == 1.0 for _, task in rows)
   assert payload["instruction_set"] and payload["load_before"]
+
+
+def test_cpu_flags_names_an_unknown_flag_set():
+  result = subprocess.run([sys.executable, str(BENCHMARKS / "cpu_flags.py"), "--flag-sets",
+                           "onednn,fast"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, SEQ2SEQ_JAX_QUICK="1"))
+  assert result.returncode == 2
+  assert "--flag-sets: unknown fast; known: default, onednn" in result.stderr, result.stderr
