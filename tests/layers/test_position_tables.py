@@ -50,7 +50,7 @@ def test_fairseq_table_with_offset_equals_m2m100(pad_id, dim, length):
   bound_PD = np.concatenate([bound_PI, bound_PI], axis=1)
   assert np.all(np.abs(ours.astype(np.float64) - full) <= bound_PD), np.max(
       np.abs(ours - full) - bound_PD)
-  if dim == 64:  # every frequency the same here: the tables agree to float32 rounding
+  if dim == 64:  # at this width the frequencies have agreed on every CPU met: float32 rounding
     np.testing.assert_allclose(ours, full, atol=1e-7, rtol=0)
 
 
